@@ -1,0 +1,3 @@
+"""unirl apps: domain trainers, recipes, CLI and run reports."""
+
+__version__ = "0.1.0"

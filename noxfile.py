@@ -1,0 +1,126 @@
+"""nox sessions: the one way to lint, type-check, test and benchmark unirl.
+
+`./dev test` (what CI runs) = lint, typecheck, layers, schema, tests.
+Each `tests` session builds an environment holding only one package, its declared
+dependencies and its test extra, so an undeclared import fails there.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = True
+
+PACKAGES = {
+    "types": "packages/unirl-types",
+    "distributed": "packages/unirl-distributed",
+    "rollout": "packages/unirl-rollout",
+    "reward": "packages/unirl-reward",
+    "train": "packages/unirl-train",
+    "apps": "apps",
+}
+DIST_TO_PATH = {tomllib.loads((ROOT / p / "pyproject.toml").read_text())["project"]["name"]: p
+                for p in PACKAGES.values()}
+PYTEST_ARGS = ["-m", "not gpu", "-q", "-p", "no:cacheprovider"]
+
+
+def _constraints(session: nox.Session) -> list[str]:
+    """Lock-pinned third-party versions (torch excluded: scripts/torchspec.py picks the build)."""
+    out = Path(session.create_tmp()) / "constraints.txt"
+    text = subprocess.run(
+        ["uv", "export", "--frozen", "--no-hashes", "--all-packages", "--no-emit-workspace",
+         "--all-extras", "--no-header", "--no-annotate", "-q"],
+        cwd=ROOT, check=True, capture_output=True, text=True,
+    ).stdout
+    keep = [ln for ln in text.splitlines()
+            if not ln.startswith(("torch", "triton", "nvidia-", "cuda-", "-e "))]
+    out.write_text("\n".join(keep) + "\n")
+    return ["-c", str(out)]
+
+
+def _torch(session: nox.Session) -> list[str]:
+    spec = subprocess.run([sys.executable, str(ROOT / "scripts/torchspec.py")],
+                          check=True, capture_output=True, text=True).stdout.split()
+    return spec
+
+
+def _closure(path: str) -> list[str]:
+    """Workspace members `path` depends on (transitively), itself last."""
+    seen: list[str] = []
+
+    def visit(p: str) -> None:
+        deps = tomllib.loads((ROOT / p / "pyproject.toml").read_text())["project"]["dependencies"]
+        for d in deps:
+            name = d.split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip()
+            if name in DIST_TO_PATH and DIST_TO_PATH[name] not in seen:
+                visit(DIST_TO_PATH[name])
+        if p not in seen:
+            seen.append(p)
+
+    visit(path)
+    return seen
+
+
+def install_members(session: nox.Session, path: str, extra: str = "test") -> None:
+    con = _constraints(session)
+    session.install(*con, *_torch(session))
+    members = _closure(path)
+    args = [f"{m}" for m in members[:-1]] + [f"{members[-1]}[{extra}]"]
+    session.install(*con, *args)
+
+
+@nox.session
+@nox.parametrize("package", list(PACKAGES))
+def tests(session: nox.Session, package: str) -> None:
+    """One package's tests, in an environment with only that package and its declared deps."""
+    path = PACKAGES[package]
+    install_members(session, path)
+    session.run("python", "-m", "pytest", f"{path}/tests", *PYTEST_ARGS, *session.posargs)
+
+
+@nox.session
+def layers(session: nox.Session) -> None:
+    """The dependency rule of DESIGN.md (imports and declared dependencies), checked statically."""
+    session.install("pytest")
+    session.run("python", "-m", "pytest", "tests", *PYTEST_ARGS, *session.posargs)
+
+
+@nox.session
+def schema(session: nox.Session) -> None:
+    """The committed JSON-schema snapshot matches the code (bump schema_version when it changes)."""
+    install_members(session, PACKAGES["types"])
+    session.run("python", "-m", "pytest", "packages/unirl-types/tests", "-k", "schema_snapshot",
+                *PYTEST_ARGS, *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on the two packages every other one trusts."""
+    install_members(session, PACKAGES["distributed"])
+    session.install("mypy>=1.11")
+    for p in ("packages/unirl-types/src", "packages/unirl-distributed/src"):
+        session.run("mypy", "--strict", "--namespace-packages", "--explicit-package-bases", p,
+                    env={"MYPYPATH": p})
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """CPU benchmarks: each prints ratios against a baseline measured in the same run."""
+    install_members(session, PACKAGES["apps"])
+    for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        session.run("python", str(script), *session.posargs)
