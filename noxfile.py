@@ -27,8 +27,9 @@ PACKAGES = {
     "train": "packages/unirl-train",
     "apps": "apps",
 }
-DIST_TO_PATH = {tomllib.loads((ROOT / p / "pyproject.toml").read_text())["project"]["name"]: p
-                for p in PACKAGES.values()}
+DIST_TO_PATH = {
+    tomllib.loads((ROOT / p / "pyproject.toml").read_text())["project"]["name"]: p for p in PACKAGES.values()
+}
 PYTEST_ARGS = ["-m", "not gpu", "-q", "-p", "no:cacheprovider"]
 
 
@@ -36,19 +37,34 @@ def _constraints(session: nox.Session) -> list[str]:
     """Lock-pinned third-party versions (torch excluded: scripts/torchspec.py picks the build)."""
     out = Path(session.create_tmp()) / "constraints.txt"
     text = subprocess.run(
-        ["uv", "export", "--frozen", "--no-hashes", "--all-packages", "--no-emit-workspace",
-         "--all-extras", "--no-header", "--no-annotate", "-q"],
-        cwd=ROOT, check=True, capture_output=True, text=True,
+        [
+            "uv",
+            "export",
+            "--frozen",
+            "--no-hashes",
+            "--all-packages",
+            "--no-emit-workspace",
+            "--all-extras",
+            "--no-header",
+            "--no-annotate",
+            "-q",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
-    keep = [ln for ln in text.splitlines()
-            if not ln.startswith(("torch", "triton", "nvidia-", "cuda-", "-e "))]
+    keep = [
+        ln for ln in text.splitlines() if not ln.startswith(("torch", "triton", "nvidia-", "cuda-", "-e "))
+    ]
     out.write_text("\n".join(keep) + "\n")
     return ["-c", str(out)]
 
 
 def _torch(session: nox.Session) -> list[str]:
-    spec = subprocess.run([sys.executable, str(ROOT / "scripts/torchspec.py")],
-                          check=True, capture_output=True, text=True).stdout.split()
+    spec = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/torchspec.py")], check=True, capture_output=True, text=True
+    ).stdout.split()
     return spec
 
 
@@ -97,8 +113,16 @@ def layers(session: nox.Session) -> None:
 def schema(session: nox.Session) -> None:
     """The committed JSON-schema snapshot matches the code (bump schema_version when it changes)."""
     install_members(session, PACKAGES["types"])
-    session.run("python", "-m", "pytest", "packages/unirl-types/tests", "-k", "schema_snapshot",
-                *PYTEST_ARGS, *session.posargs)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "packages/unirl-types/tests",
+        "-k",
+        "schema_snapshot",
+        *PYTEST_ARGS,
+        *session.posargs,
+    )
 
 
 @nox.session
@@ -114,8 +138,9 @@ def typecheck(session: nox.Session) -> None:
     install_members(session, PACKAGES["distributed"])
     session.install("mypy>=1.11")
     for p in ("packages/unirl-types/src", "packages/unirl-distributed/src"):
-        session.run("mypy", "--strict", "--namespace-packages", "--explicit-package-bases", p,
-                    env={"MYPYPATH": p})
+        session.run(
+            "mypy", "--strict", "--namespace-packages", "--explicit-package-bases", p, env={"MYPYPATH": p}
+        )
 
 
 @nox.session

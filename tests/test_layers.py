@@ -64,7 +64,9 @@ def violations(layer: str) -> list[str]:
             if target is None or target == layer:
                 continue
             if target not in allowed:
-                bad.append(f"{py.relative_to(ROOT)}:{lineno} imports {mod} ({layer} may use {sorted(allowed)})")
+                bad.append(
+                    f"{py.relative_to(ROOT)}:{lineno} imports {mod} ({layer} may use {sorted(allowed)})"
+                )
     return bad
 
 
@@ -94,7 +96,9 @@ def test_namespace_package_has_no_init(layer: str) -> None:
 def test_checker_catches_a_violation(tmp_path: Path) -> None:
     """The checker itself must be able to fail: a reward module importing unirl.train is caught."""
     src = tmp_path / "bad.py"
-    src.write_text("import unirl.types\nfrom unirl.train.stack import TrainStack\nfrom unirl import rollout\n")
+    src.write_text(
+        "import unirl.types\nfrom unirl.train.stack import TrainStack\nfrom unirl import rollout\n"
+    )
     mods = [m for _, m in unirl_imports(src)]
     assert mods == ["unirl.types", "unirl.train.stack", "unirl.rollout"]
     assert [layer_of(m) for m in mods] == ["types", "train", "rollout"]

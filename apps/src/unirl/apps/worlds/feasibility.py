@@ -1,0 +1,196 @@
+"""Feasibility probe: SFT a tiny pixel-space SD3 transformer on the shapes world on CPU.
+
+Trains a text-conditioned flow-matching model from scratch (rectified-flow MSE, diffusers
+conventions: x_t = (1 - sigma) x0 + sigma eps, v = eps - x0, timestep = 1000 sigma) for a wall-time
+budget, and every `eval_every_s` seconds samples the held-out captions with an Euler ODE over the
+diffusers SD3 sigma schedule and scores them with the shapes checker. Prints one JSON line per
+evaluation (accuracy vs wall time) so model size / resolution / step count can be chosen.
+
+    python -m unirl.apps.worlds.feasibility --budget-s 210 --threads 2
+
+Timings on a shared CPU are noisy; the JSON lines carry train-only seconds as well as wall seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from diffusers import SD3Transformer2DModel
+
+from unirl.apps.worlds.shapes import ShapesWorld, ShapesWorldConfig, images_to_unit, unit_to_images
+from unirl.reward.worlds.shapes_checker import CheckerConfig, check_image
+from unirl.reward.worlds.shapes_spec import VOCAB
+from unirl.rollout.models.tiny.text_encoder import TinyTextEncoder, WordTokenizer
+from unirl.rollout.schedules import static_shifted_sigmas
+
+
+@dataclass
+class FeasibilityConfig:
+    """One probe run. Model: SD3Transformer2DModel on pixels (in_channels=3, identity 'VAE')."""
+
+    resolution: int = 32
+    patch_size: int = 4
+    num_layers: int = 4
+    num_heads: int = 4
+    head_dim: int = 16
+    text_dim: int = 64
+    text_layers: int = 2
+    batch_size: int = 64
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    p_uncond: float = 0.1
+    budget_s: float = 210.0
+    eval_every_s: float = 30.0
+    eval_samples_per_caption: int = 2
+    num_steps: int = 16
+    shift: float = 1.0
+    guidance: float = 1.0
+    check_shape: bool = True
+    seed: int = 0
+
+
+class TinyShapesModel(torch.nn.Module):
+    """Text encoder + SD3 transformer; `velocity(x, sigma, captions)` is the model's v prediction."""
+
+    def __init__(self, cfg: FeasibilityConfig) -> None:
+        super().__init__()
+        self.tokenizer = WordTokenizer(VOCAB, max_length=12)
+        self.text = TinyTextEncoder(
+            self.tokenizer.vocab_size, 12, cfg.text_dim, cfg.text_layers, 4, cfg.text_dim, cfg.text_dim
+        )
+        self.transformer = SD3Transformer2DModel(
+            sample_size=cfg.resolution,
+            patch_size=cfg.patch_size,
+            in_channels=3,
+            out_channels=3,
+            num_layers=cfg.num_layers,
+            attention_head_dim=cfg.head_dim,
+            num_attention_heads=cfg.num_heads,
+            joint_attention_dim=cfg.text_dim,
+            caption_projection_dim=cfg.num_heads * cfg.head_dim,
+            pooled_projection_dim=cfg.text_dim,
+            pos_embed_max_size=cfg.resolution // cfg.patch_size,
+        )
+
+    def encode(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.text(*self.tokenizer(captions))
+
+    def velocity(self, x_BCHW: torch.Tensor, sigma_B: torch.Tensor, cond: tuple[torch.Tensor, torch.Tensor]):
+        hidden, pooled = cond
+        return self.transformer(x_BCHW, hidden, pooled, sigma_B * 1000.0, return_dict=False)[0]
+
+
+@torch.no_grad()
+def euler_sample(
+    model: TinyShapesModel, captions: list[str], cfg: FeasibilityConfig, generator: torch.Generator
+) -> np.ndarray:
+    """Euler ODE from noise over the SD3 sigma schedule; returns uint8 [B, H, W, 3]."""
+    sigmas = static_shifted_sigmas(cfg.num_steps, cfg.shift)
+    x = torch.randn(len(captions), 3, cfg.resolution, cfg.resolution, generator=generator)
+    cond = model.encode(captions)
+    uncond = model.encode([""] * len(captions)) if cfg.guidance > 1.0 else None
+    for j in range(cfg.num_steps):
+        s = torch.full((len(captions),), sigmas[j])
+        v = model.velocity(x, s, cond)
+        if uncond is not None:
+            v_u = model.velocity(x, s, uncond)
+            v = v_u + cfg.guidance * (v - v_u)
+        x = x + (sigmas[j + 1] - sigmas[j]) * v
+    return unit_to_images(x.numpy())
+
+
+def evaluate(
+    model: TinyShapesModel, world: ShapesWorld, split: str, cfg: FeasibilityConfig, max_captions: int = 80
+) -> dict[str, float]:
+    """Checker accuracy (all checks pass) and mean score over `split` captions."""
+    model.eval()
+    captions = world.captions(split)  # type: ignore[arg-type]
+    captions = captions[:: max(1, len(captions) // max_captions)][:max_captions]
+    captions = [c for c in captions for _ in range(cfg.eval_samples_per_caption)]
+    images = euler_sample(model, captions, cfg, torch.Generator().manual_seed(1234))
+    checker = CheckerConfig(check_shape=cfg.check_shape)
+    results = [check_image(img, cap, checker) for img, cap in zip(images, captions)]
+    model.train()
+    single = [r.correct for r, c in zip(results, captions) if len(c.split()) == 3]
+    pair = [r.correct for r, c in zip(results, captions) if len(c.split()) > 3]
+    return {
+        f"{split}_acc": float(np.mean([r.correct for r in results])),
+        f"{split}_score": float(np.mean([r.score for r in results])),
+        f"{split}_acc_single": float(np.mean(single)) if single else float("nan"),
+        f"{split}_acc_pair": float(np.mean(pair)) if pair else float("nan"),
+    }
+
+
+def flow_matching_loss(model: TinyShapesModel, x0: torch.Tensor, captions: list[str], gen: torch.Generator):
+    """Rectified-flow MSE with logit-normal sigma (SD3's default weighting)."""
+    b = x0.shape[0]
+    sigma = torch.sigmoid(torch.randn(b, generator=gen))
+    eps = torch.randn(x0.shape, generator=gen)
+    s = sigma.view(b, 1, 1, 1)
+    x_t = (1 - s) * x0 + s * eps
+    v = model.velocity(x_t, sigma, model.encode(captions))
+    return torch.mean((v - (eps - x0)) ** 2)
+
+
+def run(cfg: FeasibilityConfig) -> list[dict[str, float]]:
+    """SFT for cfg.budget_s train-seconds, evaluating every cfg.eval_every_s; returns the eval rows."""
+    torch.manual_seed(cfg.seed)
+    world = ShapesWorld(ShapesWorldConfig(resolution=cfg.resolution))
+    model = TinyShapesModel(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / cfg.warmup_steps))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(json.dumps({"config": asdict(cfg), "params": n_params}), flush=True)
+    rows: list[dict[str, float]] = []
+    train_s, step, next_eval, t_start, losses = 0.0, 0, cfg.eval_every_s, time.time(), []
+    while True:
+        t0 = time.time()
+        batch = world.sample(cfg.batch_size, int(rng.integers(2**31)), "train")
+        x0 = torch.from_numpy(images_to_unit(np.stack([e.image for e in batch])))
+        captions = [("" if rng.random() < cfg.p_uncond else e.caption) for e in batch]
+        loss = flow_matching_loss(model, x0, captions, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        losses.append(loss.item())
+        train_s += time.time() - t0
+        if train_s >= next_eval or train_s >= cfg.budget_s:
+            t_eval = time.time()
+            row = {"step": step, "train_s": round(train_s, 1), "loss": float(np.mean(losses[-50:]))}
+            row.update(evaluate(model, world, "held_out", cfg))
+            row.update(evaluate(model, world, "train", cfg, max_captions=40))
+            row["eval_s"] = round(time.time() - t_eval, 1)
+            row["wall_s"] = round(time.time() - t_start, 1)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            next_eval += cfg.eval_every_s
+            if train_s >= cfg.budget_s:
+                return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for name, value in asdict(FeasibilityConfig()).items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=value)
+        else:
+            parser.add_argument(flag, type=type(value), default=value)
+    parser.add_argument("--threads", type=int, default=2)
+    args = vars(parser.parse_args(argv))
+    torch.set_num_threads(args.pop("threads"))
+    run(FeasibilityConfig(**args))
+
+
+if __name__ == "__main__":
+    main()

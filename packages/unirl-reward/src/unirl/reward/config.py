@@ -1,0 +1,151 @@
+"""Typed scorer/service configs: `kind` selects the scorer, `build()` makes it (YAML-friendly).
+
+```yaml
+scorers:
+  - {name: answer, weight: 1.0, scorer: {kind: math_verify, timeout_s: 5}}
+  - {name: fmt, weight: 0.1, scorer: {kind: format, pattern: "<think>.*</think>.*"}}
+```
+A wrong `kind` fails at load listing the options. `kind: plugin` with `target: "pkg.mod:factory"`
+is the escape hatch for out-of-tree scorers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from unirl.reward.combine import WeightedScorer, check_unique
+from unirl.reward.models.configs import MODEL_CONFIGS
+from unirl.reward.protocol import Scorer
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class JpegConfig(BaseModel):
+    model_config = _STRICT
+    kind: Literal["jpeg"] = "jpeg"
+    direction: Literal["compressibility", "incompressibility"] = "incompressibility"
+    quality: int = Field(95, ge=1, le=100, description="JPEG quality used to measure size.")
+
+    def build(self) -> Scorer:
+        from unirl.reward.rules.jpeg import JpegScorer
+
+        return JpegScorer(self.direction, self.quality)
+
+
+class ExactMatchConfig(BaseModel):
+    model_config = _STRICT
+    kind: Literal["exact_match"] = "exact_match"
+    extractor: Literal["boxed", "gsm8k", "last_number", "raw"] = "boxed"
+
+    def build(self) -> Scorer:
+        from unirl.reward.rules.exact import ExactMatchScorer
+
+        return ExactMatchScorer(self.extractor)
+
+
+class MathVerifyConfig(BaseModel):
+    model_config = _STRICT
+    kind: Literal["math_verify"] = "math_verify"
+    timeout_s: float = Field(5.0, gt=0, description="Per-sample wall-clock bound; a timeout scores 0.")
+
+    def build(self) -> Scorer:
+        from unirl.reward.rules.math import MathVerifyScorer
+
+        return MathVerifyScorer(timeout_s=self.timeout_s)
+
+
+class MultipleChoiceConfig(BaseModel):
+    model_config = _STRICT
+    kind: Literal["multiple_choice"] = "multiple_choice"
+    letters: str = Field("ABCD", pattern=r"^[A-Z]{2,26}$")
+
+    def build(self) -> Scorer:
+        from unirl.reward.rules.choice import MultipleChoiceScorer
+
+        return MultipleChoiceScorer(self.letters)
+
+
+class FormatConfig(BaseModel):
+    model_config = _STRICT
+    kind: Literal["format"] = "format"
+    pattern: str
+    mode: Literal["fullmatch", "search"] = "fullmatch"
+
+    def build(self) -> Scorer:
+        from unirl.reward.rules.format import FormatScorer
+
+        return FormatScorer(self.pattern, self.mode)
+
+
+class PluginConfig(BaseModel):
+    """An out-of-tree scorer: `target` "module:factory" is called with `kwargs`."""
+
+    model_config = _STRICT
+    kind: Literal["plugin"] = "plugin"
+    target: str = Field(pattern=r"^[\w.]+:[\w]+$")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    def build(self) -> Scorer:
+        module, _, attr = self.target.partition(":")
+        scorer = getattr(importlib.import_module(module), attr)(**self.kwargs)
+        if not isinstance(scorer, Scorer):
+            raise TypeError(f"plugin {self.target!r} returned {type(scorer).__name__}, which is not a Scorer")
+        return scorer
+
+
+ScorerConfig = Annotated[
+    JpegConfig
+    | ExactMatchConfig
+    | MathVerifyConfig
+    | MultipleChoiceConfig
+    | FormatConfig
+    | PluginConfig
+    | MODEL_CONFIGS,
+    Field(discriminator="kind"),
+]
+
+
+class ScorerEntry(BaseModel):
+    """One weighted scorer. `name` (default: the kind) names its component in the reward."""
+
+    model_config = _STRICT
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    weight: float = Field(1.0, allow_inf_nan=False)
+    scorer: ScorerConfig
+
+    @property
+    def resolved_name(self) -> str:
+        return self.name or self.scorer.kind
+
+
+class ServiceConfig(BaseModel):
+    """The scorers of a RewardService (local) or of the reward server."""
+
+    model_config = _STRICT
+    scorers: list[ScorerEntry] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> ServiceConfig:
+        names = [e.resolved_name for e in self.scorers]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"scorer names must be unique, repeated: {dup}; give each entry a distinct `name`")
+        return self
+
+    def build(self) -> list[WeightedScorer]:
+        out = [WeightedScorer(e.resolved_name, e.weight, e.scorer.build()) for e in self.scorers]
+        check_unique(out)
+        return out
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> ServiceConfig:
+        import yaml
+
+        data = yaml.safe_load(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping with a `scorers:` list, got {type(data).__name__}")
+        return cls.model_validate(data)

@@ -1,0 +1,1 @@
+"""Model-based scorers (need torch + transformers: `pip install 'unirl-reward[models]'`)."""

@@ -1,0 +1,1 @@
+"""Rule-based scorers: no torch, no weights."""

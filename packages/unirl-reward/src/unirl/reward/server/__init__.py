@@ -1,0 +1,1 @@
+"""The reward HTTP server (FastAPI + uvicorn): `unirl-reward serve --config scorers.yaml`."""

@@ -1,0 +1,230 @@
+"""The FastAPI app: POST /v1/score, GET /health, /ready, /v1/version, /metrics.
+
+Request path: auth -> size limit (413) -> schema validation (422) -> idempotency cache (a
+retried id is answered from cache, 409 if its body differs) -> media decode (422) -> input
+check against each scorer's modality (422) -> dynamic batcher (429 + Retry-After when full)
+-> per-request timeout (504). Error bodies are `{"detail": str}` and never echo a token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
+
+from unirl.reward import __version__
+from unirl.reward.combine import WeightedScorer, identity
+from unirl.reward.convert import result_to_wire, wire_to_item
+from unirl.reward.protocol import ScoreItem, check_inputs
+from unirl.reward.server.batcher import DynamicBatcher, QueueFull
+from unirl.reward.server.dedup import IdConflict, IdempotencyCache
+from unirl.reward.server.limits import BodyLimitMiddleware
+from unirl.reward.server.metrics import Metrics
+from unirl.reward.server.settings import ServerSettings
+from unirl.types.wire import (
+    WIRE_SCHEMA_VERSION,
+    ErrorResponse,
+    HealthResponse,
+    ScoreRequest,
+    ScoreResponse,
+    ScorerInfo,
+    VersionResponse,
+)
+
+log = logging.getLogger("unirl.reward.server")
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.detail, self.headers = status, detail, headers
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {c: {"model": ErrorResponse} for c in codes}
+
+
+def create_app(
+    build_scorers: Callable[[], Sequence[WeightedScorer]],
+    settings: ServerSettings | None = None,
+    token: str | None = None,
+) -> FastAPI:
+    """The app; `build_scorers` runs at startup (in a thread) and /ready answers 200 once it returns."""
+    settings = settings or ServerSettings()
+    state: dict[str, Any] = {"scorers": None, "batcher": None}
+    metrics = Metrics()
+    cache = IdempotencyCache(ttl_s=settings.idempotency_ttl_s)
+
+    def score_fn(items: Sequence[ScoreItem]) -> list[Any]:
+        from unirl.reward.combine import combine
+
+        return combine(state["scorers"], items)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        scorers = await run_in_threadpool(lambda: list(build_scorers()))
+        state["scorers"], state["identity"] = scorers, identity(scorers)
+        batcher = DynamicBatcher(score_fn, settings.max_batch, settings.max_wait_ms / 1000, settings.max_queue_items)
+        batcher.start()
+        state["batcher"] = batcher
+        yield
+        await batcher.stop()
+        for ws in scorers:
+            close = getattr(ws.scorer, "close", None)
+            if callable(close):
+                close()
+
+    app = FastAPI(title="unirl-reward", version=__version__, lifespan=lifespan)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    bearer = HTTPBearer(auto_error=False, description="Required when the server is not bound to loopback.")
+
+    def require_token(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if token is None:
+            return
+        given = cred.credentials.encode() if cred is not None else b""
+        if not hmac.compare_digest(given, token.encode()):
+            raise HTTPError(401, "missing or invalid bearer token", {"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(HTTPError)
+    async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for e in exc.errors()[:10]:  # loc + msg only: never echo the (possibly huge) input
+            loc = ".".join(str(x) for x in e.get("loc", ()))
+            parts.append(f"{loc}: {e.get('msg', 'invalid')}")
+        return JSONResponse({"detail": "invalid request: " + "; ".join(parts)}, status_code=422)
+
+    @app.get("/health", response_model=HealthResponse)
+    async def health() -> HealthResponse:
+        """Liveness: the process answers."""
+        return HealthResponse(status="ok")
+
+    @app.get("/ready", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
+    async def ready() -> Any:
+        """Readiness: scorers are loaded and the batcher runs."""
+        if state["batcher"] is None:
+            return JSONResponse({"status": "not_ready"}, status_code=503)
+        return HealthResponse(status="ok")
+
+    def _ready_batcher() -> DynamicBatcher:
+        if state["batcher"] is None:
+            raise HTTPError(503, "scorers are still loading; poll GET /ready", {"Retry-After": "1"})
+        batcher: DynamicBatcher = state["batcher"]
+        return batcher
+
+    @app.get("/v1/version", response_model=VersionResponse, responses=_errors(401, 503))
+    async def version(_: None = Depends(require_token)) -> VersionResponse:
+        """Scorer names, versions and weights, and their identity hash."""
+        _ready_batcher()
+        infos = [
+            ScorerInfo(
+                name=ws.name,
+                kind=type(ws.scorer).__name__,
+                version=str(ws.scorer.version),
+                weight=ws.weight,
+                modality=ws.scorer.modality,
+                output_range=tuple(ws.scorer.output_range),
+            )
+            for ws in state["scorers"]
+        ]
+        return VersionResponse(
+            server_version=__version__,
+            wire_schema_version=WIRE_SCHEMA_VERSION,
+            identity=state["identity"],
+            scorers=infos,
+        )
+
+    @app.get("/metrics", response_class=PlainTextResponse, responses=_errors(401))
+    async def metrics_endpoint(_: None = Depends(require_token)) -> str:
+        """Prometheus text format."""
+        batcher = state["batcher"]
+        stats = batcher.stats if batcher else DynamicBatcher(score_fn).stats
+        return metrics.render(stats, batcher.queued_items if batcher else 0, cache.hits)
+
+    @app.post(
+        "/v1/score",
+        response_model=ScoreResponse,
+        responses=_errors(401, 409, 413, 422, 429, 500, 503, 504),
+    )
+    async def score(req: ScoreRequest, request: Request, _: None = Depends(require_token)) -> ScoreResponse:
+        """Score a batch of items with every configured scorer; one result per item, in order."""
+        t0 = time.monotonic()
+        batcher = _ready_batcher()
+        status = 200
+        try:
+            return await _score(req, request, batcher)
+        except HTTPError as e:
+            status = e.status
+            raise
+        finally:
+            metrics.observe(status, time.monotonic() - t0)
+
+    async def _score(req: ScoreRequest, request: Request, batcher: DynamicBatcher) -> ScoreResponse:
+        if req.request_id is None:
+            return await _compute(req, batcher, "anon-" + hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:16])
+        body_hash = hashlib.sha256(req.model_dump_json(exclude={"request_id"}).encode()).hexdigest()
+        try:
+            fut, new = cache.claim(req.request_id, body_hash)
+        except IdConflict as e:
+            raise HTTPError(409, str(e)) from None
+        if not new:
+            resp: ScoreResponse = await asyncio.shield(fut)
+            return resp.model_copy(update={"cached": True})
+        try:
+            resp = await _compute(req, batcher, req.request_id)
+        except BaseException as e:
+            cache.forget(req.request_id, e)
+            raise
+        cache.resolve(req.request_id, resp)
+        return resp
+
+    async def _compute(req: ScoreRequest, batcher: DynamicBatcher, request_id: str) -> ScoreResponse:
+        items = await run_in_threadpool(_decode_and_check, req)
+        try:
+            fut = batcher.submit(items)
+        except QueueFull as e:
+            metrics.rejected_queue_full += 1
+            raise HTTPError(429, str(e), {"Retry-After": f"{max(1, round(e.retry_after_s))}"}) from None
+        try:
+            results = await asyncio.wait_for(fut, settings.request_timeout_s)
+        except asyncio.TimeoutError:
+            metrics.timeouts += 1
+            raise HTTPError(504, f"not scored within request_timeout_s={settings.request_timeout_s}") from None
+        except ValueError as e:
+            raise HTTPError(422, f"cannot score this request: {e}") from None
+        except Exception:
+            log.exception("scorer failed on request %s", request_id)
+            raise HTTPError(500, "a scorer failed on this request; see the server log") from None
+        return ScoreResponse(
+            request_id=request_id, results=[result_to_wire(r) for r in results], identity=state["identity"]
+        )
+
+    def _decode_and_check(req: ScoreRequest) -> list[ScoreItem]:
+        items = []
+        for i, w in enumerate(req.items):
+            try:
+                items.append(wire_to_item(w, settings.max_pixels))
+            except (ValueError, TypeError) as e:
+                raise HTTPError(422, f"items.{i}: {e}") from None
+        for ws in state["scorers"]:
+            try:
+                check_inputs(ws.name, ws.scorer.modality, items)
+            except ValueError as e:
+                raise HTTPError(422, str(e)) from None
+        return items
+
+    return app

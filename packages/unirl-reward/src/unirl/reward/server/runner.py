@@ -1,0 +1,58 @@
+"""Run the app on real uvicorn in a background thread (tests, notebooks, embedding in a trainer)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+
+@dataclass
+class ServerHandle:
+    url: str
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            raise RuntimeError(f"reward server thread did not stop within {timeout_s}s")
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 60.0) -> ServerHandle:
+    """Start uvicorn on `host:port` (0 = a free port); returns once it listens and startup ran.
+
+    Waits on an Event set by uvicorn's startup (bounded by `timeout_s`), never on sleeps.
+    """
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    started = threading.Event()
+    bound: list[int] = []
+    original = server.startup
+
+    async def startup(sockets: Any = None) -> None:
+        try:
+            await original(sockets)
+            for s in server.servers:
+                bound.extend(sock.getsockname()[1] for sock in s.sockets)
+        finally:
+            started.set()
+
+    server.startup = startup  # type: ignore[method-assign]
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True, name="unirl-reward-server")
+    thread.start()
+    if not started.wait(timeout_s) or not bound:
+        server.should_exit = True
+        thread.join(5)
+        raise RuntimeError(f"reward server did not start on {host}:{port} within {timeout_s}s (see log)")
+    return ServerHandle(f"http://{host}:{bound[0]}", server, thread)

@@ -1,0 +1,150 @@
+"""The batched, KV-cached decode loop: left-padded prefill, then one token per step.
+
+The loop is our own (not ``model.generate``) so that sampling draws from per-sample random
+streams and records the exact log-probs replay reproduces. Device-side state (tokens, finished
+flags, lengths) is updated with tensor ops; the host only syncs every ``sync_every`` steps to
+check "all finished" and stop strings, never once per token.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from transformers import DynamicCache
+
+from unirl.rollout.ar.sampling import sample_next_token
+
+
+@dataclass
+class DecodeOutput:
+    """Raw decode results on CPU, before stop-string truncation.
+
+    ``tokens[b, :lengths[b]]`` are row ``b``'s response tokens (a stop token, when hit, is the
+    last one); later columns hold padding. ``stopped[b]`` is True when the row ended on a stop
+    token id.
+    """
+
+    tokens: Tensor  # [B, N] int64
+    logprobs: Tensor  # [B, N] fp32, 0 after a row finished
+    lengths: Tensor  # [B] int64
+    stopped: Tensor  # [B] bool
+
+
+def cache_kwarg(model: nn.Module) -> str:
+    """The forward keyword for the KV cache: ``cache`` (transformers >= 5.x) or ``past_key_values``."""
+    base = model
+    get_base = getattr(model, "get_base_model", None)  # peft wrappers
+    if callable(get_base):
+        base = get_base()
+    params = inspect.signature(type(base).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """``(input_ids [B, P], attention_mask [B, P])`` with prompts right-aligned (left padding)."""
+    P = max(len(p) for p in prompts)
+    ids_BP = torch.full((len(prompts), P), pad_token_id, dtype=torch.long)
+    mask_BP = torch.zeros((len(prompts), P), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        if p:
+            ids_BP[b, P - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+            mask_BP[b, P - len(p) :] = 1
+    return ids_BP.to(device), mask_BP.to(device)
+
+
+@torch.no_grad()
+def decode(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    uniforms_BN: Tensor,
+    limits: Sequence[int],
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    stop_token_ids: Sequence[int],
+    pad_token_id: int,
+    stop_check: Callable[[list[int]], bool] | None = None,
+    sync_every: int = 16,
+) -> DecodeOutput:
+    """Sample up to ``limits[b]`` tokens for each prompt; ``uniforms_BN[b, t]`` drives step ``t``.
+
+    Args:
+        prompts: non-empty token-id lists.
+        uniforms_BN: ``[B, N]`` uniforms with ``N >= max(limits)``, one per (row, step).
+        limits: per-row max new tokens (already clipped to the context window).
+        stop_check: host-side predicate on a row's tokens so far ("contains a stop string");
+            called every ``sync_every`` steps for unfinished rows so the loop can end early. It
+            only shortens the loop; the caller truncates at the exact stop position afterwards.
+    """
+    device = next(model.parameters()).device
+    B = len(prompts)
+    N = max(limits)
+    ids_BP, mask_BP = left_pad(prompts, pad_token_id, device)
+    P = ids_BP.shape[1]
+    attn_BL = torch.ones((B, P + N), dtype=torch.long, device=device)
+    attn_BL[:, :P] = mask_BP
+    pos_B = mask_BP.sum(-1)  # position of the first response token
+    u_BN = uniforms_BN.to(device)
+    limits_B = torch.tensor(list(limits), dtype=torch.long, device=device)
+    stop_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long, device=device)
+    pad = torch.tensor(pad_token_id, dtype=torch.long, device=device)
+
+    tokens_BN = torch.full((B, N), pad_token_id, dtype=torch.long, device=device)
+    logp_BN = torch.zeros((B, N), dtype=torch.float32, device=device)
+    lengths_B = torch.zeros(B, dtype=torch.long, device=device)
+    stopped_B = torch.zeros(B, dtype=torch.bool, device=device)
+    finished_B = torch.zeros(B, dtype=torch.bool, device=device)
+
+    kw = cache_kwarg(model)
+    cache = DynamicCache(config=getattr(model, "config", None))
+    positions_BP = (mask_BP.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=ids_BP, attention_mask=mask_BP, position_ids=positions_BP, use_cache=True, logits_to_keep=1,
+        **{kw: cache},
+    )  # fmt: skip
+    logits_BV = out.logits[:, -1]
+    steps = 0
+    for t in range(N):
+        tok_B, lp_B = sample_next_token(logits_BV, u_BN[:, t], temperature=temperature, top_k=top_k, top_p=top_p)
+        active_B = ~finished_B
+        tok_B = torch.where(active_B, tok_B, pad)
+        tokens_BN[:, t] = tok_B
+        logp_BN[:, t] = torch.where(active_B, lp_B, torch.zeros_like(lp_B))
+        lengths_B += active_B.long()
+        hit_B = active_B & torch.isin(tok_B, stop_ids)
+        stopped_B |= hit_B
+        finished_B |= hit_B | (lengths_B >= limits_B)
+        steps = t + 1
+        if steps == N:
+            break
+        if steps % sync_every == 0:
+            if stop_check is not None:
+                _mark_stop_strings(tokens_BN[:, :steps], lengths_B, finished_B, stop_check)
+            if bool(finished_B.all()):
+                break
+        out = model(
+            input_ids=tok_B[:, None], attention_mask=attn_BL[:, : P + steps], position_ids=(pos_B + t)[:, None],
+            use_cache=True, **{kw: cache},
+        )  # fmt: skip
+        logits_BV = out.logits[:, -1]
+    return DecodeOutput(
+        tokens=tokens_BN[:, :steps].cpu(),
+        logprobs=logp_BN[:, :steps].cpu(),
+        lengths=lengths_B.cpu(),
+        stopped=stopped_B.cpu(),
+    )
+
+
+def _mark_stop_strings(
+    tokens_BT: Tensor, lengths_B: Tensor, finished_B: Tensor, stop_check: Callable[[list[int]], bool]
+) -> None:
+    """One host sync: mark unfinished rows whose text already contains a stop string as finished."""
+    tokens, lengths, finished = tokens_BT.cpu(), lengths_B.cpu(), finished_B.cpu()
+    hits = [b for b in range(tokens.shape[0]) if not finished[b] and stop_check(tokens[b, : lengths[b]].tolist())]
+    if hits:
+        finished_B[torch.tensor(hits, device=finished_B.device)] = True

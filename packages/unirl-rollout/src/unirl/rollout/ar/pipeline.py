@@ -1,0 +1,178 @@
+"""``ARPipeline``: trainside text generation and teacher-forced replay for causal LMs.
+
+Implements the rollout ``Pipeline`` protocol (``stage`` + ``generate(samples, rollout_step=)``)
+and the AR replay contract (``replay_logprobs(parts) -> TokenReplay``).
+
+Log-prob convention: each recorded token log-prob is ``log_softmax(logits / temperature)`` at the
+sampled token — the temperature-scaled, *unfiltered* distribution; top-k / top-p restrict which
+tokens can be drawn but are not renormalised into the log-prob. Replay computes the same
+quantity, so the first-update ratio is exactly 1 (up to fp32 round-off).
+
+Randomness: sample ``s`` at rollout step ``k`` draws from a CPU generator seeded with
+``derive_seed(params.seed, k, s.id)``, one uniform per decode step, so its tokens do not depend
+on the batch it shares, the batch order, or the device count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from unirl.rollout.ar.bundle import CausalLMBundle
+from unirl.rollout.ar.decode import decode
+from unirl.rollout.ar.replay import TokenReplay, replay_token_logprobs
+from unirl.rollout.ar.sampling import derive_seed, draw_uniforms
+from unirl.rollout.ar.segments import ar_params, loss_mask, text_segment
+from unirl.rollout.ar.stopping import cut_at_stop_string, first_stop
+from unirl.types import ARSamplingParams, Part, Sample, TextPrimitive, TextSegment
+
+_Job = tuple[Sample, Part, list[int]]
+
+
+class ARPipeline:
+    """Generates the text Part ``stage`` of each Sample with the bundle's causal LM.
+
+    Args:
+        bundle: model + tokenizer (the model is the training module itself: trainside sampling).
+        params: default sampling params; a Part that already carries ARSamplingParams uses its own.
+        stage: the Part name to fill (``"ar"``).
+        parent: when set, the prompt is that earlier Part's text output instead of the Sample's
+            first text input (e.g. a second turn).
+        prompt_template: ``str.format`` template applied to the prompt text (``{prompt}``).
+        stop_at_eos: also stop at the tokenizer's / generation config's EOS ids (recorded in the
+            Part's ``sampling_params.stop_token_ids``).
+        max_batch_size: decode at most this many samples at once (None: all of a params group).
+        sync_every: decode steps between host syncs (all-finished and stop-string checks).
+    """
+
+    def __init__(
+        self,
+        bundle: CausalLMBundle,
+        params: ARSamplingParams,
+        *,
+        stage: str = "ar",
+        parent: str | None = None,
+        prompt_template: str = "{prompt}",
+        stop_at_eos: bool = True,
+        max_batch_size: int | None = None,
+        sync_every: int = 16,
+    ) -> None:
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"max_batch_size={max_batch_size} must be >= 1 (or None for no limit)")
+        if sync_every < 1:
+            raise ValueError(f"sync_every={sync_every} must be >= 1")
+        self.bundle = bundle
+        self.params = params
+        self.stage = stage
+        self.parent = parent
+        self.prompt_template = prompt_template
+        self.stop_at_eos = stop_at_eos
+        self.max_batch_size = max_batch_size
+        self.sync_every = sync_every
+
+    # ---- generation --------------------------------------------------------------------------
+    def generate(self, samples: list[Sample], *, rollout_step: int) -> list[Sample]:
+        """Fill Part ``stage`` of every Sample (segment, text output, params, status); returns them."""
+        groups: dict[str, tuple[ARSamplingParams, list[_Job]]] = {}
+        for s in samples:
+            part = s.ensure_part(self.stage, self.parent)
+            params = self._effective_params(ar_params(part, self.params))
+            groups.setdefault(params.model_dump_json(), (params, []))[1].append((s, part, self._encode(s)))
+        model = self.bundle.model
+        was_training = model.training
+        model.eval()
+        try:
+            for params, jobs in groups.values():
+                step = self.max_batch_size or len(jobs)
+                for i in range(0, len(jobs), step):
+                    self._generate_batch(jobs[i : i + step], params, rollout_step)
+        finally:
+            model.train(was_training)
+        return samples
+
+    def _effective_params(self, params: ARSamplingParams) -> ARSamplingParams:
+        if not self.stop_at_eos:
+            return params
+        ids = list(dict.fromkeys([*params.stop_token_ids, *self.bundle.eos_token_ids]))
+        return params if ids == params.stop_token_ids else params.model_copy(update={"stop_token_ids": ids})
+
+    def _encode(self, sample: Sample) -> list[int]:
+        text = sample.part(self.parent).text if self.parent is not None else sample.prompt
+        if not text:
+            raise ValueError(
+                f"sample {sample.id!r}: the prompt text is empty ({text!r}); every sample needs a non-empty prompt"
+            )
+        ids = self.bundle.encode_prompt(self.prompt_template.format(prompt=text))
+        ctx = self.bundle.context_window
+        if not ids:
+            raise ValueError(f"sample {sample.id!r}: prompt {text!r} encodes to no tokens")
+        if len(ids) >= ctx:
+            raise ValueError(
+                f"sample {sample.id!r}: prompt is {len(ids)} tokens but the model's context window is {ctx} "
+                "(prompt + at least one response token must fit); shorten or filter the prompt"
+            )
+        return ids
+
+    def _generate_batch(self, jobs: Sequence[_Job], params: ARSamplingParams, rollout_step: int) -> None:
+        ctx = self.bundle.context_window
+        prompts = [ids for _, _, ids in jobs]
+        limits = [min(params.max_new_tokens, ctx - len(ids)) for ids in prompts]
+        seeds = [derive_seed(params.seed, rollout_step, s.id) for s, _, _ in jobs]
+        stops = [x for x in params.stop if x]
+        decode_text = self.bundle.decode
+
+        def has_stop(ids: list[int]) -> bool:
+            return first_stop(decode_text(ids), stops) is not None
+
+        out = decode(
+            self.bundle.model,
+            prompts,
+            uniforms_BN=draw_uniforms(seeds, max(limits)),
+            limits=limits,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            stop_token_ids=params.stop_token_ids,
+            pad_token_id=self.bundle.pad_token_id,
+            stop_check=has_stop if stops else None,
+            sync_every=self.sync_every,
+        )
+        for b, (_, part, prompt_ids) in enumerate(jobs):
+            n = int(out.lengths[b])
+            response = out.tokens[b, :n].tolist()
+            stopped = bool(out.stopped[b])
+            cut = cut_at_stop_string(response, decode_text, stops) if stops else None
+            if cut is not None:
+                n, text = cut
+                response, stopped = response[:n], True
+            else:
+                text = decode_text(response)
+            finish = "stop" if stopped else "length"
+            part.segment = TextSegment(
+                prompt_ids=prompt_ids,
+                response_ids=response,
+                log_probs=out.logprobs[b, :n].clone(),
+                loss_mask=torch.ones(n, dtype=torch.bool),
+                finish_reason=finish,
+            )
+            part.outputs = [TextPrimitive(text=text, role="assistant")]
+            part.sampling_params = params
+            part.status = "completed" if finish == "stop" else "truncated"
+
+    # ---- replay ------------------------------------------------------------------------------
+    def replay_logprobs(self, parts: Sequence[Part]) -> TokenReplay:
+        """Teacher-forced log-probs ``[B, T]`` of the stored responses, with gradients.
+
+        Uses each Part's recorded temperature. ``mask`` is the padded loss mask.
+        """
+        segs = [text_segment(p) for p in parts]
+        temps = [ar_params(p, self.params).temperature for p in parts]
+        logp = replay_token_logprobs(
+            self.bundle.model,
+            [s.prompt_ids for s in segs],
+            [s.response_ids for s in segs],
+            temps,
+            pad_token_id=self.bundle.pad_token_id,
+        )
+        return TokenReplay(logp=logp, mask=loss_mask(parts, device=logp.device))

@@ -1,0 +1,96 @@
+"""The model-bundle protocol of flow-matching models, and helpers shared by bundles.
+
+A bundle owns the modules: the trainable ``transformer`` (what RL updates) and the frozen ones
+(VAE, text encoders) with their tokenizers. The pipeline never touches a module directly; it asks
+the bundle to encode prompts once, predict a velocity, and decode latents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor, nn
+
+from unirl.rollout.schedules import DynamicShiftSchedule
+from unirl.types import Conditions, to_torch
+
+__all__ = ["NEGATIVE_PREFIX", "FlowBundle", "freeze", "stack_conditions", "to_uint8_images"]
+
+NEGATIVE_PREFIX = "negative_"
+"""Conditions of the CFG negative prompt are stored next to the positive ones under this prefix."""
+
+
+@runtime_checkable
+class FlowBundle(Protocol):
+    """A flow-matching text-to-image model: trainable transformer + frozen encoders and VAE.
+
+    Latents are handled unpacked ``[B, C, h, w]`` everywhere outside the bundle; a bundle whose
+    transformer takes packed tokens (FLUX) packs and unpacks inside ``predict_velocity``. The
+    SDE kernels are elementwise, so this choice does not change any log-prob.
+    """
+
+    transformer: nn.Module
+    """The trainable module (wrap it for FSDP / LoRA in place; the bundle keeps calling it)."""
+    dynamic_schedule: DynamicShiftSchedule
+    """The model's resolution-dependent schedule, used when ``sampling_params.dynamic_shift``."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the transformer computes in (latents are cast to it for the forward)."""
+        ...
+
+    def frozen_modules(self) -> dict[str, nn.Module]:
+        """The frozen modules by name (VAE, text encoders), for placement/offload."""
+        ...
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        """Per-sample latent shape ``(C, h, w)`` for an image of ``height`` x ``width`` pixels."""
+        ...
+
+    def image_seq_len(self, height: int, width: int) -> int:
+        """Number of image tokens the transformer sees (drives the dynamic shift ``mu``)."""
+        ...
+
+    def encode_prompts(self, texts: Sequence[str]) -> list[Conditions]:
+        """Run the frozen text encoders once; one Conditions per text (no batch dim, CPU or device)."""
+        ...
+
+    def predict_velocity(self, latents: Tensor, sigma: Tensor, conditions: dict[str, Tensor]) -> Tensor:
+        """Velocity ``v ~ eps - x0`` for ``latents`` [B, C, h, w] at ``sigma`` [B] (fp32, in [0, 1]),
+        given batched conditions (the keys ``encode_prompts`` produced, each [B, ...])."""
+        ...
+
+    def decode(self, latents: Tensor) -> Tensor:
+        """Final latents [B, C, h, w] -> uint8 images [B, H, W, 3]."""
+        ...
+
+
+def stack_conditions(
+    conditions: Sequence[Conditions], keys: Sequence[str], device: torch.device, dtype: torch.dtype, prefix: str = ""
+) -> dict[str, Tensor]:
+    """Batch per-Part conditions: ``{key: stack(c[prefix + key])}`` on ``device`` (floats cast to ``dtype``)."""
+    out: dict[str, Tensor] = {}
+    for k in keys:
+        ts = [to_torch(c[prefix + k]) for c in conditions]
+        t = torch.stack(ts).to(device)
+        out[k] = t.to(dtype) if t.is_floating_point() else t
+    return out
+
+
+def freeze(*modules: nn.Module | None) -> None:
+    """Put frozen modules in eval mode with ``requires_grad=False``."""
+    for m in modules:
+        if m is not None:
+            m.eval()
+            m.requires_grad_(False)
+
+
+def to_uint8_images(images: Tensor) -> Tensor:
+    """VAE output in [-1, 1], [B, 3, H, W] -> uint8 [B, H, W, 3], as diffusers' VaeImageProcessor does."""
+    x = (images.float() / 2 + 0.5).clamp(0, 1)
+    return (x * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().cpu()

@@ -1,0 +1,35 @@
+"""Initial noise is reproducible from (seed, id), independent of process and batch composition."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+
+from unirl.rollout.noise import initial_noise, noise_key, stable_seed
+
+
+def test_same_key_same_noise_regardless_of_batch() -> None:
+    a = initial_noise((4, 8, 8), seed=7, keys=["sample:a", "sample:b"])
+    b = initial_noise((4, 8, 8), seed=7, keys=["sample:b"])
+    assert a.dtype == torch.float32 and a.device.type == "cpu" and a.shape == (2, 4, 8, 8)
+    assert torch.equal(a[1], b[0])
+    assert not torch.equal(a[0], a[1])
+    assert not torch.equal(initial_noise((4,), seed=8, keys=["sample:a"]), initial_noise((4,), seed=7, keys=["sample:a"]))
+
+
+def test_group_key_shares_noise() -> None:
+    k1 = noise_key("s1", "g", same_noise_per_group=True)
+    k2 = noise_key("s2", "g", same_noise_per_group=True)
+    assert k1 == k2 == "group:g"
+    assert noise_key("s1", "g", same_noise_per_group=False) == "sample:s1"
+
+
+def test_stable_seed_is_stable_across_processes() -> None:
+    # Python's hash() is salted per process; sha256 is not. Pin the value and check a fresh process.
+    code = "from unirl.rollout.noise import stable_seed; print(stable_seed(3, 'sample:x'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert int(out) == stable_seed(3, "sample:x")
+    assert stable_seed(3, "sample:x") != stable_seed(3, "sample:x", stream="steps")
+    assert 0 <= stable_seed(3, "sample:x") < 2**63

@@ -1,0 +1,73 @@
+"""The TrainBackend protocol: what TrainStack and the checkpoint code need from a backend."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Outcome of one `TrainBackend.step()`.
+
+    grad_norm is the total gradient norm before clipping (over all ranks); lr the learning
+    rate the step used; skipped_nonfinite whether the step was skipped because the norm was
+    inf/NaN (then parameters, optimizer state, scheduler, EMA and `global_step` are unchanged).
+    """
+
+    grad_norm: float
+    lr: float
+    skipped_nonfinite: bool
+    global_step: int
+
+
+@runtime_checkable
+class TrainBackend(Protocol):
+    """Owns a trainable module and everything that updates it.
+
+    `module` is the (possibly sharded) model the pipeline runs; `global_step` counts the
+    optimizer steps applied so far. Collective methods (`all_reduce`, `step`, `state_dict`,
+    `load_state_dict`, `full_state_dict`) must be called on every rank in the same order.
+    """
+
+    module: torch.nn.Module
+
+    @property
+    def global_step(self) -> int: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    def zero_grad(self) -> None:
+        """Drop the accumulated gradients."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradient of `loss` (a micro-batch's share of the mini-batch loss)."""
+
+    def step(self) -> StepStats:
+        """Clip, skip if non-finite, optimizer step, scheduler step, EMA update."""
+
+    def all_reduce(self, values: Sequence[float], op: Literal["sum", "max"] = "sum") -> list[float]:
+        """Reduce a few scalars over the data-parallel ranks."""
+
+    def ema_weights(self) -> AbstractContextManager[None]:
+        """Context in which `module` holds the EMA weights (error when EMA is off)."""
+
+    def reference_weights(self) -> AbstractContextManager[None]:
+        """Context in which `module` computes the frozen reference policy (for KL)."""
+
+    def full_state_dict(self, merge_lora: bool = True) -> dict[str, torch.Tensor]:
+        """Full (unsharded, CPU) weights for weight sync; LoRA merged into the base by default."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Training state to checkpoint: model (trainable), optimizer, scheduler, EMA, step."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""

@@ -1,0 +1,247 @@
+"""FSDPBackend: any diffusers / transformers module trained under torch FSDP2 (`fully_shard`).
+
+Structure injection happens once, in this order: LoRA (peft) -> gradient checkpointing ->
+move to device -> `fully_shard` on every block class (default: the model's `_no_split_modules`)
+and then on the root -> frozen reference copy / EMA -> AdamW + LR schedule over the trainable
+parameters. The same code path serves world size 1 (a gloo group is created when none exists)
+and larger data-parallel worlds (launch one process per rank; the mesh spans the whole world).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field
+
+from unirl.train.backends.base import StepStats
+from unirl.train.backends.dist import ensure_process_group
+from unirl.train.ema import EMA, EMAConfig, swapped_weights
+from unirl.train.lora import LoRAConfig, inject_lora, lora_disabled, lora_scalings, merge_lora_state_dict
+from unirl.train.optim import AdamWConfig, ConstantSchedule, ScheduleConfig, build_scheduler
+from unirl.train.precision import PrecisionConfig
+
+
+class FSDPConfig(BaseModel):
+    """Configuration of `FSDPBackend`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["fsdp"] = "fsdp"
+    optimizer: AdamWConfig
+    scheduler: ScheduleConfig = Field(default_factory=ConstantSchedule)
+    precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
+    grad_clip: float | None = Field(
+        default=1.0, gt=0, description="Clip the total grad norm to this; None = no clipping."
+    )
+    ema: EMAConfig | None = Field(default=None, description="EMA of the trainable params; None = off.")
+    lora: LoRAConfig | None = Field(default=None, description="Train LoRA adapters only; None = full.")
+    gradient_checkpointing: bool = False
+    reference: Literal["none", "frozen_copy", "lora_base"] = Field(
+        default="none",
+        description="Reference policy for KL: a frozen copy of the initial trainable weights, or the "
+        "LoRA-disabled base model (needs lora).",
+    )
+    shard_modules: list[str] | None = Field(
+        default=None,
+        description="Class names wrapped by their own fully_shard; None = the model's _no_split_modules.",
+    )
+    reshard_after_forward: bool = True
+
+    def build(self, module: torch.nn.Module, device: torch.device | str | None = None) -> FSDPBackend:
+        """Wrap `module` (modified in place) in an FSDPBackend."""
+        return FSDPBackend(module, self, device=device)
+
+
+def default_device() -> torch.device:
+    """cuda:LOCAL_RANK when CUDA is available, else cpu."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+class FSDPBackend:
+    """Owns an FSDP2-sharded module, its optimizer, LR schedule, EMA and reference weights."""
+
+    def __init__(
+        self, module: torch.nn.Module, config: FSDPConfig, device: torch.device | str | None = None
+    ) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        if config.reference == "lora_base" and config.lora is None:
+            raise ValueError("reference='lora_base' needs lora to be set; use reference='frozen_copy' instead")
+        self.config = config
+        self.device = torch.device(device) if device is not None else default_device()
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        ensure_process_group(self.device)
+        self.mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
+
+        if config.lora is not None:
+            module = inject_lora(module, config.lora)
+        if config.gradient_checkpointing:
+            enable_gradient_checkpointing(module)
+        module.to(self.device)
+
+        mp = config.precision.policy(self.device)
+        names = set(config.shard_modules or getattr(module, "_no_split_modules", None) or [])
+        blocks = [m for m in module.modules() if m is not module and type(m).__name__ in names]
+        for block in blocks:
+            fully_shard(block, mesh=self.mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward)
+        fully_shard(module, mesh=self.mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward)
+        self.module = module
+        self.num_sharded_blocks = len(blocks)
+
+        self.trainable: dict[str, torch.nn.Parameter] = {
+            n: p for n, p in module.named_parameters() if p.requires_grad
+        }
+        self.optimizer = config.optimizer.build(self.trainable.values(), self.device)
+        self.scheduler = build_scheduler(self.optimizer, config.scheduler)
+        self.ema = EMA(self.trainable, config.ema) if config.ema is not None else None
+        self._reference: dict[str, torch.Tensor] | None = None
+        if config.reference == "frozen_copy":
+            self._reference = {n: p.detach().clone() for n, p in self.trainable.items()}
+        self._step = 0
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps applied so far (skipped non-finite steps do not count)."""
+        return self._step
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank()
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size()
+
+    # -- training -------------------------------------------------------------------------
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> StepStats:
+        """Clip to `grad_clip`, skip on a non-finite norm, else AdamW + schedule + EMA."""
+        params = list(self.trainable.values())
+        max_norm = self.config.grad_clip if self.config.grad_clip is not None else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False)
+        grad_norm = float(_full(norm))
+        lr = float(self.scheduler.get_last_lr()[0])
+        if not math.isfinite(grad_norm):
+            self.zero_grad()
+            return StepStats(grad_norm=grad_norm, lr=lr, skipped_nonfinite=True, global_step=self._step)
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self._step)
+        self._step += 1
+        self.zero_grad()
+        return StepStats(grad_norm=grad_norm, lr=lr, skipped_nonfinite=False, global_step=self._step)
+
+    def all_reduce(self, values: Sequence[float], op: Literal["sum", "max"] = "sum") -> list[float]:
+        """Sum or max of a few scalars over the data-parallel ranks (fp64)."""
+        t = torch.tensor(list(values), dtype=torch.float64)
+        if self.world_size > 1:
+            t = t.to(self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return t.cpu().tolist()
+
+    # -- weight views ---------------------------------------------------------------------
+    def ema_weights(self) -> AbstractContextManager[None]:
+        """Context with the EMA weights swapped into `module` (EMA rollout, DiffusionNFT's old policy)."""
+        if self.ema is None:
+            raise ValueError("ema_weights() needs backend.ema to be configured (e.g. ema: {decay: 0.9})")
+        return self.ema.applied()
+
+    def reference_weights(self) -> AbstractContextManager[None]:
+        """Context in which `module` is the frozen reference policy (for KL terms)."""
+        if self.config.reference == "lora_base":
+            return lora_disabled(self.module)
+        if self._reference is not None:
+            return swapped_weights(self.trainable, self._reference)
+        raise ValueError("reference_weights() needs backend.reference='frozen_copy' or 'lora_base'")
+
+    def full_state_dict(self, merge_lora: bool = True) -> dict[str, torch.Tensor]:
+        """Full CPU weights (on rank 0; other ranks get {}); LoRA merged into base keys by default."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(
+            self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        if merge_lora and self.config.lora is not None and sd:
+            sd = merge_lora_state_dict(sd, lora_scalings(self.module))
+        return sd
+
+    # -- checkpoint state -----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Full CPU state of the trainable params, optimizer, scheduler, EMA and step (collective).
+
+        Frozen parameters are left out: they come back from the model's own weights on rebuild.
+        """
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        return {
+            "model": get_model_state_dict(self.module, options=opts),
+            "optimizer": get_optimizer_state_dict(self.module, self.optimizer, options=opts),
+            "scheduler": self.scheduler.state_dict(),
+            "ema": {n: _full(t).cpu() for n, t in self.ema.shadow.items()} if self.ema else {},
+            "global_step": self._step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()` output (every rank passes the full state)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        missing = set(self.trainable) - set(state["model"])
+        unexpected = set(state["model"]) - set(dict(self.module.named_parameters()))
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint model state does not match the trainable parameters: missing "
+                f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]} (same lora config?)"
+            )
+        opts = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(self.module, state["model"], options=opts)
+        set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"], options=opts)
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
+        self._step = int(state["global_step"])
+
+
+def enable_gradient_checkpointing(module: torch.nn.Module) -> None:
+    """diffusers `enable_gradient_checkpointing()` or transformers `gradient_checkpointing_enable()`."""
+    if hasattr(module, "enable_gradient_checkpointing"):
+        module.enable_gradient_checkpointing()
+    elif hasattr(module, "gradient_checkpointing_enable"):
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        raise ValueError(
+            f"gradient_checkpointing=True but {type(module).__name__} has neither "
+            "enable_gradient_checkpointing() (diffusers) nor gradient_checkpointing_enable() (transformers)"
+        )
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (collective), or the tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t

@@ -1,0 +1,75 @@
+"""LR schedules (worked numbers), AdamW construction and the precision policy."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import TypeAdapter, ValidationError
+
+from unirl.train.optim import (
+    AdamWConfig,
+    ConstantSchedule,
+    CosineSchedule,
+    LinearWarmupSchedule,
+    ScheduleConfig,
+    build_scheduler,
+)
+from unirl.train.precision import PrecisionConfig
+
+
+def test_constant_and_linear_warmup_factors() -> None:
+    assert [ConstantSchedule().factor(k) for k in range(3)] == [1.0, 1.0, 1.0]
+    # (k + 1) / 4 until 1: the first step already uses lr / 4.
+    assert [LinearWarmupSchedule(warmup_steps=4).factor(k) for k in range(6)] == [0.25, 0.5, 0.75, 1, 1, 1]
+
+
+def test_cosine_factors_worked_example() -> None:
+    s = CosineSchedule(total_steps=6, warmup_steps=2, min_lr_ratio=0.1)
+    # warmup: 1/2, 2/2; then p = (k - 2) / 4 and f = 0.1 + 0.9 * 0.5 * (1 + cos(pi p)):
+    # p=0 -> 1; p=.25 -> 0.1 + 0.45 * 1.7071068 = 0.8681981; p=.5 -> 0.55;
+    # p=.75 -> 0.1 + 0.45 * 0.2928932 = 0.2318019; p>=1 -> 0.1.
+    expected = [0.5, 1.0, 1.0, 0.8681981, 0.55, 0.2318019, 0.1, 0.1]
+    assert [s.factor(k) for k in range(8)] == pytest.approx(expected, abs=1e-7)
+
+
+def test_scheduler_drives_optimizer_lr() -> None:
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = AdamWConfig(lr=0.2).build([p], torch.device("cpu"))
+    sched = build_scheduler(opt, LinearWarmupSchedule(warmup_steps=4))
+    seen = []
+    for _ in range(5):
+        seen.append(opt.param_groups[0]["lr"])
+        p.grad = torch.ones(1)
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([0.05, 0.1, 0.15, 0.2, 0.2])
+
+
+def test_schedule_union_selects_by_kind_and_rejects_typos() -> None:
+    ta = TypeAdapter(ScheduleConfig)
+    assert isinstance(ta.validate_python({"kind": "cosine", "total_steps": 10}), CosineSchedule)
+    with pytest.raises(ValidationError, match="linear_warmup"):
+        ta.validate_python({"kind": "linear"})
+    with pytest.raises(ValidationError, match="warmup_step"):
+        ta.validate_python({"kind": "linear_warmup", "warmup_step": 3})
+    with pytest.raises(ValidationError, match="warmup_steps=10 must be < scheduler.total_steps=10"):
+        CosineSchedule(total_steps=10, warmup_steps=10)
+
+
+def test_adamw_not_fused_on_cpu_and_rejects_empty() -> None:
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = AdamWConfig(lr=1e-3, weight_decay=0.01).build([p], torch.device("cpu"))
+    assert not opt.param_groups[0]["fused"]
+    assert opt.param_groups[0]["weight_decay"] == 0.01
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        AdamWConfig(lr=1e-3).build([], torch.device("cpu"))
+
+
+def test_precision_auto_is_fp32_on_cpu_bf16_on_cuda() -> None:
+    auto = PrecisionConfig()
+    assert auto.resolve(torch.device("cpu")) == (torch.float32, torch.float32)
+    assert auto.resolve(torch.device("cuda")) == (torch.bfloat16, torch.float32)
+    assert PrecisionConfig(param_dtype="fp16").resolve(torch.device("cpu"))[0] == torch.float16
+    assert not math.isnan(auto.policy(torch.device("cpu")).param_dtype.itemsize)
