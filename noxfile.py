@@ -14,6 +14,7 @@ from pathlib import Path
 
 import nox
 
+UV = str(Path(sys.executable).with_name("uv")) if Path(sys.executable).with_name("uv").exists() else "uv"
 ROOT = Path(__file__).parent
 nox.options.default_venv_backend = "uv"
 nox.options.reuse_existing_virtualenvs = True

@@ -16,7 +16,9 @@ def test_same_key_same_noise_regardless_of_batch() -> None:
     assert a.dtype == torch.float32 and a.device.type == "cpu" and a.shape == (2, 4, 8, 8)
     assert torch.equal(a[1], b[0])
     assert not torch.equal(a[0], a[1])
-    assert not torch.equal(initial_noise((4,), seed=8, keys=["sample:a"]), initial_noise((4,), seed=7, keys=["sample:a"]))
+    assert not torch.equal(
+        initial_noise((4,), seed=8, keys=["sample:a"]), initial_noise((4,), seed=7, keys=["sample:a"])
+    )
 
 
 def test_group_key_shares_noise() -> None:

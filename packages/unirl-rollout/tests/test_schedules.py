@@ -46,9 +46,13 @@ def test_dynamic_matches_diffusers(steps: int, seq_len: int) -> None:
     sched.set_timesteps(steps, mu=mu)
     assert dynamic_shifted_sigmas(steps, mu, base_grid="scheduler") == sched.sigmas.tolist()
     # Qwen-Image style: linear time shift + shift_terminal
-    q = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, shift_terminal=0.02, time_shift_type="linear")
+    q = FlowMatchEulerDiscreteScheduler(
+        use_dynamic_shifting=True, shift_terminal=0.02, time_shift_type="linear"
+    )
     q.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
-    assert dynamic_shifted_sigmas(steps, mu, time_shift_type="linear", shift_terminal=0.02) == q.sigmas.tolist()
+    assert (
+        dynamic_shifted_sigmas(steps, mu, time_shift_type="linear", shift_terminal=0.02) == q.sigmas.tolist()
+    )
 
 
 def test_dynamic_mu_grows_with_resolution() -> None:
@@ -56,7 +60,7 @@ def test_dynamic_mu_grows_with_resolution() -> None:
     assert calculate_shift(256) == pytest.approx(0.5)
     assert calculate_shift(4096) == pytest.approx(1.15)
     lo, hi = DynamicShiftSchedule().sigmas(10, 256), DynamicShiftSchedule().sigmas(10, 4096)
-    assert all(h >= l for h, l in zip(hi, lo))  # more tokens -> more time at high noise
+    assert all(h >= low for h, low in zip(hi, lo))  # more tokens -> more time at high noise
 
 
 def test_schedule_config_selection() -> None:

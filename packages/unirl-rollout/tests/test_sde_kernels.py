@@ -125,8 +125,12 @@ def test_fp32_sigma_math_from_float64() -> None:
     # float64 sigmas are rounded to fp32 first: identical to passing fp32 sigmas
     x, v = torch.randn(2, 8), torch.randn(2, 8)
     z = torch.randn(2, 8)
-    a = flow_sde_step(x, v, torch.tensor(0.7123456789, dtype=torch.float64), 0.3, 0.7, sigma_at_one=0.9, noise=z)
-    b = flow_sde_step(x, v, torch.tensor(0.7123456789, dtype=torch.float32), 0.3, 0.7, sigma_at_one=0.9, noise=z)
+    a = flow_sde_step(
+        x, v, torch.tensor(0.7123456789, dtype=torch.float64), 0.3, 0.7, sigma_at_one=0.9, noise=z
+    )
+    b = flow_sde_step(
+        x, v, torch.tensor(0.7123456789, dtype=torch.float32), 0.3, 0.7, sigma_at_one=0.9, noise=z
+    )
     assert torch.equal(a.log_prob, b.log_prob) and a.mean.dtype == torch.float32
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from pydantic import TypeAdapter, ValidationError
@@ -72,4 +70,5 @@ def test_precision_auto_is_fp32_on_cpu_bf16_on_cuda() -> None:
     assert auto.resolve(torch.device("cpu")) == (torch.float32, torch.float32)
     assert auto.resolve(torch.device("cuda")) == (torch.bfloat16, torch.float32)
     assert PrecisionConfig(param_dtype="fp16").resolve(torch.device("cpu"))[0] == torch.float16
-    assert not math.isnan(auto.policy(torch.device("cpu")).param_dtype.itemsize)
+    policy = auto.policy(torch.device("cpu"))
+    assert (policy.param_dtype, policy.reduce_dtype) == (torch.float32, torch.float32)

@@ -76,7 +76,9 @@ class TensorMeta:
     @staticmethod
     def from_json(obj: object) -> TensorMeta:
         """Parse the JSON form, checking every field's type."""
-        if not (isinstance(obj, list) and len(obj) == 3 and isinstance(obj[0], str) and isinstance(obj[1], str)):
+        if not (
+            isinstance(obj, list) and len(obj) == 3 and isinstance(obj[0], str) and isinstance(obj[1], str)
+        ):
             raise ValueError(f"malformed tensor metadata {obj!r}; expected [name, dtype, shape]")
         shape = obj[2]
         if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):

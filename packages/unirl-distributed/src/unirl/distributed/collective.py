@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -25,7 +25,7 @@ def node_ip() -> str:
     try:
         import ray.util
 
-        return str(ray.util.get_node_ip_address())
+        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]  # ray: unannotated
     except Exception:  # not inside a Ray worker: single-node use
         return "127.0.0.1"
 
@@ -48,7 +48,9 @@ def default_backend(device: str) -> Backend:
     return "nccl" if device == "gpu" else "gloo"
 
 
-def init_default_group(backend: Backend, addr: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+def init_default_group(
+    backend: Backend, addr: str, port: int, rank: int, world_size: int, timeout_s: float
+) -> None:
     """Initialise this process's default torch.distributed group and the usual env variables."""
     os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     if backend == "nccl":
@@ -74,8 +76,11 @@ class StandaloneGroup:
         self.backend: Backend = backend
         self.rank = rank
         self.world_size = world_size
-        self.store = dist.TCPStore(addr, port, world_size, rank == 0, timeout=timeout)
-        self.pg: dist.ProcessGroup
+        self.store = dist.TCPStore(  # type: ignore[attr-defined]  # public API, not in torch's __all__ stubs
+            addr, port, world_size, rank == 0, timeout=timeout
+        )
+        # Any: torch's stubs declare the backends without broadcast/send/recv, which exist at runtime
+        self.pg: Any
         if backend == "gloo":
             self.pg = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
         elif backend == "nccl":

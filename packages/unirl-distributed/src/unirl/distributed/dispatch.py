@@ -73,7 +73,9 @@ def gather_dp(outputs: Sequence[Sequence[T]], ranks: Sequence[RankInfo], where: 
     return result
 
 
-def check_dp_lengths(chunks: Sequence[Sequence[object]], outputs: Sequence[Sequence[object]], where: str) -> None:
+def check_dp_lengths(
+    chunks: Sequence[Sequence[object]], outputs: Sequence[Sequence[object]], where: str
+) -> None:
     """A DP method must return exactly one output per input item; say which rank broke that."""
     for rank, (chunk, out) in enumerate(zip(chunks, outputs)):
         if isinstance(out, list | tuple) and len(out) != len(chunk):

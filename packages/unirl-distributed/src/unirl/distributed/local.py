@@ -38,9 +38,7 @@ class LocalRemote(RemoteBase[W]):
     that needs collectives must run under RayRemote; everything else behaves the same.
     """
 
-    def __init__(
-        self, factory: Callable[[RankInfo], W], *, name: str, mesh: MeshShape | None = None
-    ) -> None:
+    def __init__(self, factory: Callable[[RankInfo], W], *, name: str, mesh: MeshShape | None = None) -> None:
         self.name = name
         self.call_timeout_s = None
         self._ranks = all_rank_infos(mesh or MeshShape())

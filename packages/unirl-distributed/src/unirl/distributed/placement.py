@@ -49,7 +49,9 @@ class PlacementPlan:
         for s in self.slabs:
             if role in s.roles:
                 return s
-        raise KeyError(f"role {role!r} is not in this plan (roles: {[r for s in self.slabs for r in s.roles]})")
+        raise KeyError(
+            f"role {role!r} is not in this plan (roles: {[r for s in self.slabs for r in s.roles]})"
+        )
 
     def total_devices(self) -> int:
         """Devices the plan occupies in all."""
@@ -161,7 +163,8 @@ def allocate_slabs(
 
     per = bundle_resources(device, cpus_per_device)
     need = {k: v * plan.total_devices() for k, v in per.items()}
-    check_capacity(need, {k: float(v) for k, v in ray.available_resources().items()}, f"placement {plan}")
+    free = ray.available_resources()  # type: ignore[no-untyped-call]  # ray: unannotated
+    check_capacity(need, {k: float(v) for k, v in free.items()}, f"placement {plan}")
     made: list[Slab] = []
     for req in plan.slabs:
         pg = placement_group([dict(per) for _ in range(req.num_devices)], strategy=strategy)

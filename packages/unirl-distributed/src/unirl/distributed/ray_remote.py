@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from unirl.distributed.collective import Backend, default_backend, init_default_group, pick_master
 from unirl.distributed.errors import RemoteCallError, RemoteTimeoutError, WorkerDiedError
@@ -52,7 +52,9 @@ class WorkerHost:
         """Call ``worker.method(*args, **kwargs)``."""
         bound = getattr(self.worker, method, None)
         if bound is None or not callable(bound):
-            raise TypeError(f"{self.remote_name}: worker {type(self.worker).__name__} has no method {method!r}")
+            raise TypeError(
+                f"{self.remote_name}: worker {type(self.worker).__name__} has no method {method!r}"
+            )
         return bound(*args, **kwargs)
 
     def pid(self) -> int:
@@ -143,21 +145,26 @@ class RayRemote(RemoteBase[W]):
         process_group: bool = True,
         call_timeout_s: float | None = 300.0,
         startup_timeout_s: float = 60.0,
+        cpus_per_worker: float = 1.0,
     ) -> RayRemote[W]:
         """Start ``mesh.world_size`` actors on ``slab`` (a fresh CPU slab when None) and build workers.
 
-        ``share`` is the fraction of each device this Remote takes (colocated siblings use < 1).
+        ``share`` is the fraction of each device this Remote takes (colocated siblings use < 1);
+        ``cpus_per_worker`` sizes the fresh slab (ignored when ``slab`` is given).
         """
         import ray
 
         ranks = all_rank_infos(mesh or MeshShape())
         owns = slab is None
         if slab is None:
-            slab = allocate_slabs(plan_placement({name: len(ranks)}, "separate"), timeout_s=startup_timeout_s)[name]
+            plan = plan_placement({name: len(ranks)}, "separate")
+            slab = allocate_slabs(plan, cpus_per_device=cpus_per_worker, timeout_s=startup_timeout_s)[name]
         bundles = slab.claim(len(ranks), share, name)
         actor_cls = ray.remote(WorkerHost)
-        hosts = [
-            actor_cls.options(**slab.actor_options(b, share), max_restarts=0, max_concurrency=1).remote(info, name)
+        hosts: list[Any] = [
+            actor_cls.options(**slab.actor_options(b, share), max_restarts=0, max_concurrency=1).remote(
+                info, name
+            )
             for b, info in zip(bundles, ranks)
         ]
         remote: RayRemote[W] = cls(name, ranks, hosts, slab, share, owns, call_timeout_s)

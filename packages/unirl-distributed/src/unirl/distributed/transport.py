@@ -56,11 +56,15 @@ def _encode(tensors: Mapping[str, torch.Tensor]) -> tuple[tuple[TensorMeta, ...]
 
 def _decode(metas: tuple[TensorMeta, ...], buffers: object) -> dict[str, torch.Tensor]:
     if not isinstance(buffers, list) or len(buffers) != len(metas):
-        raise TypeError(f"tensor payload must be a list of {len(metas)} byte arrays, got {type(buffers).__name__}")
+        raise TypeError(
+            f"tensor payload must be a list of {len(metas)} byte arrays, got {type(buffers).__name__}"
+        )
     out: dict[str, torch.Tensor] = {}
     for meta, arr in zip(metas, buffers):
         if not isinstance(arr, np.ndarray) or arr.dtype != np.uint8:
-            raise TypeError(f"tensor {meta.name!r}: payload must be a uint8 numpy array, got {type(arr).__name__}")
+            raise TypeError(
+                f"tensor {meta.name!r}: payload must be a uint8 numpy array, got {type(arr).__name__}"
+            )
         # the store's arrays are read-only views of shared memory: copy once into our own tensor
         out[meta.name] = from_bytes(torch.from_numpy(arr.copy()), meta)
     return out

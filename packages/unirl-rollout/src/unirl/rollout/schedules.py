@@ -58,7 +58,11 @@ def _finish(sigmas: np.ndarray, shift_terminal: float | None) -> list[float]:
 
 
 def static_shifted_sigmas(
-    num_steps: int, shift: float = 3.0, *, num_train_timesteps: int = 1000, shift_terminal: float | None = None
+    num_steps: int,
+    shift: float = 3.0,
+    *,
+    num_train_timesteps: int = 1000,
+    shift_terminal: float | None = None,
 ) -> list[float]:
     """T + 1 sigmas of ``FlowMatchEulerDiscreteScheduler(shift=shift).set_timesteps(num_steps)``."""
     _check_steps(num_steps)
@@ -128,7 +132,10 @@ class StaticShiftSchedule(BaseModel):
     def sigmas(self, num_steps: int, image_seq_len: int | None = None) -> list[float]:
         """The pinned T + 1 sigmas; ``image_seq_len`` is ignored (static)."""
         return static_shifted_sigmas(
-            num_steps, self.shift, num_train_timesteps=self.num_train_timesteps, shift_terminal=self.shift_terminal
+            num_steps,
+            self.shift,
+            num_train_timesteps=self.num_train_timesteps,
+            shift_terminal=self.shift_terminal,
         )
 
 
@@ -148,7 +155,9 @@ class DynamicShiftSchedule(BaseModel):
 
     def mu(self, image_seq_len: int) -> float:
         """``calculate_shift`` for this config."""
-        return calculate_shift(image_seq_len, self.base_seq_len, self.max_seq_len, self.base_shift, self.max_shift)
+        return calculate_shift(
+            image_seq_len, self.base_seq_len, self.max_seq_len, self.base_shift, self.max_shift
+        )
 
     def sigmas(self, num_steps: int, image_seq_len: int | None = None) -> list[float]:
         """The pinned T + 1 sigmas for an image of ``image_seq_len`` transformer tokens (required)."""

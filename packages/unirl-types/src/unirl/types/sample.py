@@ -17,7 +17,7 @@ from unirl.types.segment import Segment
 from unirl.types.tensor import Tensor
 
 SCHEMA_VERSION = 1
-"""Bump when the schema changes; packages/unirl-types/schema/sample.schema.json is its snapshot."""
+"""Bump when the schema changes; unirl/types/sample.schema.json is its committed snapshot."""
 
 PartStatus = Literal["pending", "completed", "truncated", "aborted"]
 Scalar = str | int | float | bool

@@ -9,7 +9,7 @@ from typing import Any
 
 from unirl.types.sample import SCHEMA_VERSION, Sample
 
-SNAPSHOT = Path(__file__).resolve().parents[3] / "schema" / "sample.schema.json"
+SNAPSHOT = Path(__file__).with_name("sample.schema.json")
 
 
 def current() -> dict[str, Any]:

@@ -219,9 +219,12 @@ class BucketedWeightSync(abc.ABC):
 
     def _release(self, payload: Sequence[Any]) -> None:
         """Free the ticket's payload once every receiver acked (default: nothing to free)."""
+        return None
 
     # -- sender ---------------------------------------------------------------------------------
-    def _iter_buckets(self, params: NamedTensors) -> Iterator[tuple[tuple[TensorMeta, ...], list[torch.Tensor]]]:
+    def _iter_buckets(
+        self, params: NamedTensors
+    ) -> Iterator[tuple[tuple[TensorMeta, ...], list[torch.Tensor]]]:
         items = list(params)
         metas = [global_meta(n, t) for n, t in items]
         if not items:
@@ -248,8 +251,9 @@ class BucketedWeightSync(abc.ABC):
             sums.append(s)
             del tensors
         self.sent.commit(version)
-        return SyncTicket(self.kind, version, overall_checksum(version, sums), tuple(buckets), tuple(sums),
-                          tuple(payload))
+        return SyncTicket(
+            self.kind, version, overall_checksum(version, sums), tuple(buckets), tuple(sums), tuple(payload)
+        )
 
     def confirm(self, ticket: SyncTicket, acks: Sequence[SyncAck], expected_receivers: int) -> None:
         """Check the acks, then free the payload (also when the check fails)."""
@@ -269,11 +273,14 @@ class BucketedWeightSync(abc.ABC):
         self.received.check(ticket.version)
         return ticket
 
-    def _verify_bucket(self, version: int, i: int, metas: tuple[TensorMeta, ...], tensors: list[torch.Tensor],
-                       expected: str) -> str:
+    def _verify_bucket(
+        self, version: int, i: int, metas: tuple[TensorMeta, ...], tensors: list[torch.Tensor], expected: str
+    ) -> str:
         for m, t in zip(metas, tensors):
             if TensorMeta.of(m.name, t) != m:
-                raise WeightSyncError(f"{self.name} v{version}: tensor {m.name!r} arrived as {TensorMeta.of(m.name, t)}, expected {m}")
+                raise WeightSyncError(
+                    f"{self.name} v{version}: tensor {m.name!r} arrived as {TensorMeta.of(m.name, t)}, expected {m}"
+                )
         if not self.verify:
             return expected
         got = bucket_checksum(zip((m.name for m in metas), tensors))
@@ -295,6 +302,8 @@ class BucketedWeightSync(abc.ABC):
             sink({m.name: x for m, x in zip(metas, tensors)})
         checksum = overall_checksum(t.version, sums)
         if checksum != t.checksum:
-            raise WeightSyncError(f"{self.name} v{t.version}: overall checksum {checksum} != ticket's {t.checksum}")
+            raise WeightSyncError(
+                f"{self.name} v{t.version}: overall checksum {checksum} != ticket's {t.checksum}"
+            )
         self.received.commit(t.version)
         return SyncAck(self.name, t.version, checksum, t.num_tensors)

@@ -51,7 +51,9 @@ class SharedMemoryWeightSync(BucketedWeightSync):
 
     def _fetch(self, metas: tuple[TensorMeta, ...], payload: Any) -> list[torch.Tensor]:
         if not isinstance(payload, str):
-            raise WeightSyncError(f"{self.name}: shared-memory payload must be a segment name, got {payload!r}")
+            raise WeightSyncError(
+                f"{self.name}: shared-memory payload must be a segment name, got {payload!r}"
+            )
         try:
             shm = _attach(payload)
         except FileNotFoundError as exc:

@@ -44,7 +44,9 @@ def cache_kwarg(model: nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def left_pad(
+    prompts: Sequence[Sequence[int]], pad_token_id: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
     """``(input_ids [B, P], attention_mask [B, P])`` with prompts right-aligned (left padding)."""
     P = max(len(p) for p in prompts)
     ids_BP = torch.full((len(prompts), P), pad_token_id, dtype=torch.long)
@@ -110,7 +112,9 @@ def decode(
     logits_BV = out.logits[:, -1]
     steps = 0
     for t in range(N):
-        tok_B, lp_B = sample_next_token(logits_BV, u_BN[:, t], temperature=temperature, top_k=top_k, top_p=top_p)
+        tok_B, lp_B = sample_next_token(
+            logits_BV, u_BN[:, t], temperature=temperature, top_k=top_k, top_p=top_p
+        )
         active_B = ~finished_B
         tok_B = torch.where(active_B, tok_B, pad)
         tokens_BN[:, t] = tok_B
@@ -145,6 +149,8 @@ def _mark_stop_strings(
 ) -> None:
     """One host sync: mark unfinished rows whose text already contains a stop string as finished."""
     tokens, lengths, finished = tokens_BT.cpu(), lengths_B.cpu(), finished_B.cpu()
-    hits = [b for b in range(tokens.shape[0]) if not finished[b] and stop_check(tokens[b, : lengths[b]].tolist())]
+    hits = [
+        b for b in range(tokens.shape[0]) if not finished[b] and stop_check(tokens[b, : lengths[b]].tolist())
+    ]
     if hits:
         finished_B[torch.tensor(hits, device=finished_B.device)] = True

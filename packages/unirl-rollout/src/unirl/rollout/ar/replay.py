@@ -35,7 +35,10 @@ class TokenReplay:
 
 
 def pack_for_replay(
-    prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_token_id: int, device: torch.device
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    pad_token_id: int,
+    device: torch.device,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(input_ids [B, P+T], attention_mask, position_ids, response_ids [B, T])``, padded as above."""
     B = len(prompts)

@@ -31,7 +31,9 @@ def ar_params(part: Part, default: ARSamplingParams | None = None) -> ARSampling
     return default
 
 
-def pad_rows(rows: Sequence[Tensor], fill: float | bool, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+def pad_rows(
+    rows: Sequence[Tensor], fill: float | bool, dtype: torch.dtype, device: torch.device | str
+) -> Tensor:
     """Right-pad 1-D tensors into ``[B, max_len]``."""
     T = max((int(r.shape[0]) for r in rows), default=0)
     out = torch.full((len(rows), T), fill, dtype=dtype, device=device)
@@ -46,7 +48,9 @@ def loss_mask(parts: Sequence[Part], device: torch.device | str = "cpu") -> Tens
     for p in parts:
         seg = text_segment(p)
         n = len(seg.response_ids)
-        rows.append(torch.ones(n, dtype=torch.bool) if seg.loss_mask is None else to_torch(seg.loss_mask).bool())
+        rows.append(
+            torch.ones(n, dtype=torch.bool) if seg.loss_mask is None else to_torch(seg.loss_mask).bool()
+        )
     return pad_rows(rows, False, torch.bool, device)
 
 
@@ -60,6 +64,8 @@ def behavior_logprobs(parts: Sequence[Part], device: torch.device | str = "cpu")
     for p in parts:
         seg = text_segment(p)
         if seg.log_probs is None:
-            raise ValueError(f"part {p.name!r} has no stored log_probs; it was not sampled by a rollout engine")
+            raise ValueError(
+                f"part {p.name!r} has no stored log_probs; it was not sampled by a rollout engine"
+            )
         rows.append(to_torch(seg.log_probs).float())
     return pad_rows(rows, 0.0, torch.float32, device)

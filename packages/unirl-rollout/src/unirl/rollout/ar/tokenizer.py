@@ -41,9 +41,8 @@ def build_char_tokenizer(
     encode (Qwen convention). ``chat_template=None`` gives a plain-text tokenizer.
     """
     chars = list(dict.fromkeys(characters))
-    clash = [c for c in chars if c in SPECIAL_TOKENS]
-    if clash:
-        raise ValueError(f"characters {clash!r} collide with the special tokens {SPECIAL_TOKENS}")
+    if not chars:
+        raise ValueError("characters='' gives an empty vocabulary; pass the characters the data uses")
     vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *chars])}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")

@@ -71,7 +71,11 @@ class FlowBundle(Protocol):
 
 
 def stack_conditions(
-    conditions: Sequence[Conditions], keys: Sequence[str], device: torch.device, dtype: torch.dtype, prefix: str = ""
+    conditions: Sequence[Conditions],
+    keys: Sequence[str],
+    device: torch.device,
+    dtype: torch.dtype,
+    prefix: str = "",
 ) -> dict[str, Tensor]:
     """Batch per-Part conditions: ``{key: stack(c[prefix + key])}`` on ``device`` (floats cast to ``dtype``)."""
     out: dict[str, Tensor] = {}

@@ -16,14 +16,21 @@ __all__ = ["DEFAULT_WORDS", "SPECIAL_TOKENS", "tiny_word_tokenizer"]
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>")
 """ids 0..3: pad, unk, bos, eos (eos is 3, not 2: CLIP treats eos_token_id == 2 as a legacy config)."""
 
-DEFAULT_WORDS = (
-    "a an the of and on in at with to is are one two three four five six seven eight nine ten "
-    "red green blue yellow orange purple pink brown black white gray "
-    "circle square triangle star heart cross shape shapes dot dots ring box "
-    "left right top bottom center middle above below next big small large tiny photo picture image of"
-).split()
+DEFAULT_WORDS: tuple[str, ...] = tuple(
+    " ".join(
+        [
+            "a an the of and on in at with to is are one two three four five six seven eight nine ten",
+            "red green blue yellow orange purple pink brown black white gray",
+            "circle square triangle star heart cross shape shapes dot dots ring box",
+            "left right top bottom center middle above below next big small large tiny photo picture image",
+        ]
+    ).split()
+)
 
-def tiny_word_tokenizer(words: Iterable[str] = DEFAULT_WORDS, model_max_length: int = 16) -> PreTrainedTokenizerFast:
+
+def tiny_word_tokenizer(
+    words: Iterable[str] = DEFAULT_WORDS, model_max_length: int = 16
+) -> PreTrainedTokenizerFast:
     """A lower-casing, whitespace-split, word-level tokenizer; unknown words map to ``<unk>``."""
     vocab: dict[str, int] = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
     for w in words:

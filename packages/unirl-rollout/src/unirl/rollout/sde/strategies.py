@@ -83,7 +83,9 @@ class FlowSDEStrategy:
     def check(self, sigmas: Sequence[float], sde_indices: Sequence[int], eta: float) -> None:
         _check_common(self.name, sigmas, sde_indices, eta)
         if len(sigmas) > 1 and any(sigmas[j] == 1.0 for j in sde_indices) and sigmas[1] >= 1.0:
-            raise ValueError(f"flow_sde needs sigmas[1] < 1 to replace sigma=1 in 1/(1-sigma); got {sigmas[1]}")
+            raise ValueError(
+                f"flow_sde needs sigmas[1] < 1 to replace sigma=1 in 1/(1-sigma); got {sigmas[1]}"
+            )
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,14 @@ class CPSStrategy:
 
     def step(self, x, v, sigmas, j, eta, *, noise=None, x_next=None) -> StepResult:  # type: ignore[no-untyped-def]
         return cps_step(
-            x, v, sigmas[:, j], sigmas[:, j + 1], eta, scoring=self.scoring, noise=noise, x_next=x_next  # type: ignore[arg-type]
+            x,
+            v,
+            sigmas[:, j],
+            sigmas[:, j + 1],
+            eta,
+            scoring=self.scoring,
+            noise=noise,
+            x_next=x_next,  # type: ignore[arg-type]
         )
 
     def check(self, sigmas: Sequence[float], sde_indices: Sequence[int], eta: float) -> None:

@@ -1,0 +1,117 @@
+"""Collective broadcast over a torch.distributed group (NCCL on GPU, gloo on CPU).
+
+The group (a :class:`StandaloneGroup`) spans the trainer's source rank (group rank 0) and every
+receiver. It is a *streaming* transport: the sender and receivers run concurrently (the driver
+starts ``send`` async, then ``receive``). The stream is: a JSON header (version, bucket metadata,
+bucket checksums), then one flat uint8 buffer per bucket. Receivers verify each bucket against the
+header's checksum before sinking it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from unirl.distributed.codec import TensorMeta, from_bytes
+from unirl.distributed.collective import StandaloneGroup
+from unirl.distributed.errors import WeightSyncError
+from unirl.distributed.weightsync.base import (
+    BucketedWeightSync,
+    NamedTensors,
+    Sink,
+    SyncAck,
+    SyncTicket,
+    bucket_checksum,
+    overall_checksum,
+)
+
+
+class BroadcastWeightSync(BucketedWeightSync):
+    """Weight sync by collective broadcast from group rank 0."""
+
+    kind = "broadcast"
+    needs_ticket = False
+
+    def __init__(self, group: StandaloneGroup, **kw: Any) -> None:
+        super().__init__(is_source=kw.pop("is_source", group.rank == 0), **kw)
+        self.group = group
+        self.device = torch.device("cuda") if group.backend == "nccl" else torch.device("cpu")
+
+    def _bcast_bytes(self, data: bytes | None) -> bytes:
+        n = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64, device=self.device)
+        self.group.broadcast(n, 0)
+        if data is not None:
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+        else:
+            buf = torch.empty(int(n.item()), dtype=torch.uint8, device=self.device)
+        self.group.broadcast(buf, 0)
+        return bytes(buf.cpu().numpy().tobytes())
+
+    def _flat(self, metas: tuple[TensorMeta, ...], tensors: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(
+            [t.detach().to(self.device).contiguous().reshape(-1).view(torch.uint8) for t in tensors]
+        )
+
+    def send(self, params: NamedTensors, version: int) -> SyncTicket:
+        """Gather everything on every rank; the source checksums and broadcasts bucket by bucket.
+
+        The header must name every bucket's checksum before the data, so the source computes the
+        bucket checksums in a first pass (gathering DTensors per bucket) and broadcasts in a second.
+        """
+        self.sent.check(version)
+        items = list(params)
+        buckets, sums = [], []
+        for metas, tensors in self._iter_buckets(items):
+            buckets.append(metas)
+            sums.append(bucket_checksum(zip((m.name for m in metas), tensors)) if self.verify else "")
+        ticket = SyncTicket(self.kind, version, overall_checksum(version, sums), tuple(buckets), tuple(sums))
+        if self.is_source:
+            header = {
+                "version": version,
+                "checksums": sums,
+                "buckets": [[m.to_json() for m in b] for b in buckets],
+            }
+            self._bcast_bytes(json.dumps(header).encode())
+        for metas, tensors in self._iter_buckets(items):
+            if self.is_source:
+                self.group.broadcast(self._flat(metas, tensors), 0)
+        self.sent.commit(version)
+        return ticket
+
+    def _ship(self, metas: tuple[TensorMeta, ...], tensors: list[torch.Tensor], checksum: str) -> Any:
+        raise NotImplementedError("broadcast streams in send()")
+
+    def _fetch(self, metas: tuple[TensorMeta, ...], payload: Any) -> list[torch.Tensor]:
+        buf = torch.empty(sum(m.nbytes for m in metas), dtype=torch.uint8, device=self.device)
+        self.group.broadcast(buf, 0)
+        out, offset = [], 0
+        for m in metas:
+            out.append(from_bytes(buf[offset : offset + m.nbytes].clone(), m))
+            offset += m.nbytes
+        return out
+
+    def receive(self, ticket: SyncTicket | None, sink: Sink) -> SyncAck:
+        """Read the header from the stream, then each bucket; ``ticket`` is ignored (may be None)."""
+        header = json.loads(self._bcast_bytes(None).decode())
+        if not isinstance(header, dict) or not isinstance(header.get("version"), int):
+            raise WeightSyncError(f"{self.name}: malformed broadcast header")
+        buckets = tuple(tuple(TensorMeta.from_json(m) for m in b) for b in header["buckets"])
+        sums = tuple(str(c) for c in header["checksums"])
+        version = header["version"]
+        streamed = SyncTicket(
+            self.kind, version, overall_checksum(version, sums), buckets, sums, tuple(None for _ in buckets)
+        )
+        try:
+            self._check_ticket(streamed)
+        except Exception:
+            for metas in buckets:  # drain the stream so the sender is not left blocked
+                self._fetch(metas, None)
+            raise
+        return super().receive(streamed, sink)
+
+    def confirm(self, ticket: SyncTicket, acks: Sequence[SyncAck], expected_receivers: int) -> None:
+        """Check the acks (nothing to free)."""
+        super().confirm(ticket, acks, expected_receivers)

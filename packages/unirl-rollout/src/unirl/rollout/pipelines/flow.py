@@ -1,0 +1,279 @@
+"""``FlowMatchPipeline``: sampling with per-step log-probs, and replay of a stored step.
+
+One pipeline serves rollout and training, so both run the same SDE kernel on the same pinned
+sigmas, eta, guidance scale and negative prompt:
+
+- ``generate`` pins the sigma schedule on the Part's sampling params, encodes prompts once
+  (conditions, with ``negative_*`` twins under CFG, are stored on the Part), draws x_T from
+  ``(seed, sample or group id)``, runs the SDE on ``resolve_sde_indices(rollout_step)`` and the ODE
+  elsewhere, and stores exactly the latents replay needs (x_j, x_{j+1} per SDE step, plus the final
+  latent) with one log-prob per SDE step.
+- ``replay_step`` re-scores the stored transition x_j -> x_{j+1} with gradients on the transformer.
+  On an unchanged policy with the same micro-batch shape it reproduces the stored log-prob (ratio 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from unirl.rollout.models.base import NEGATIVE_PREFIX, FlowBundle, stack_conditions
+from unirl.rollout.noise import initial_noise, noise_generator, noise_key
+from unirl.rollout.schedules import static_shifted_sigmas
+from unirl.rollout.sde import StepResult, get_strategy, ode_step
+from unirl.types import (
+    Conditions,
+    DiffusionSamplingParams,
+    ImagePrimitive,
+    LatentTrajectory,
+    Part,
+    Sample,
+    to_torch,
+)
+
+__all__ = ["FlowMatchPipeline", "StepReplay", "pin_sigmas"]
+
+
+@dataclass
+class StepReplay:
+    """One replayed denoising step j for a micro-batch of B parts (all fp32, with gradients)."""
+
+    log_prob: Tensor | None
+    """[B] mean-over-elements log-prob of the stored x_{j+1}; None when the step is deterministic (eta 0)."""
+    mean: Tensor
+    """[B, ...] the Gaussian mean mu_theta."""
+    std: Tensor
+    """[B] the step std s."""
+    velocity: Tensor
+    """[B, ...] the guided velocity prediction."""
+
+
+def pin_sigmas(params: DiffusionSamplingParams, bundle: FlowBundle) -> DiffusionSamplingParams:
+    """``params`` with its T + 1 sigmas filled (unchanged when already pinned, e.g. echoed by an engine)."""
+    if params.sigmas is not None:
+        return params
+    if params.dynamic_shift:
+        sigmas = bundle.dynamic_schedule.sigmas(
+            params.num_steps, bundle.image_seq_len(params.height, params.width)
+        )
+    else:
+        sigmas = static_shifted_sigmas(params.num_steps, params.shift)
+    return params.model_copy(update={"sigmas": sigmas})
+
+
+class FlowMatchPipeline:
+    """Sampling + replay for any ``FlowBundle`` (SD3, FLUX, ...); see the module docstring.
+
+    Args:
+        bundle: the model.
+        stage: name of the Part this pipeline fills.
+        default_params: sampling params for Parts that carry none.
+        prompt_part: take the prompt from this earlier Part's text (prompt enhancer), not the Sample's input.
+        max_batch_size: largest batch per forward (CFG doubles it); None = all samples at once.
+        record_old_means: store the rollout Gaussian means (FlowDPPO needs them).
+    """
+
+    def __init__(
+        self,
+        bundle: FlowBundle,
+        *,
+        stage: str = "diffusion",
+        default_params: DiffusionSamplingParams | None = None,
+        prompt_part: str | None = None,
+        max_batch_size: int | None = None,
+        record_old_means: bool = False,
+    ) -> None:
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
+        self.bundle = bundle
+        self.stage = stage
+        self.default_params = default_params
+        self.prompt_part = prompt_part
+        self.max_batch_size = max_batch_size
+        self.record_old_means = record_old_means
+        self._negative_cache: dict[str, Conditions] = {}
+
+    # ---- rollout ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, samples: list[Sample], *, rollout_step: int) -> list[Sample]:
+        """Fill the ``stage`` Part of each Sample (see the module docstring). Returns ``samples``."""
+        groups: dict[str, list[tuple[Sample, Part, DiffusionSamplingParams]]] = {}
+        for s in samples:
+            part = s.ensure_part(self.stage, parent=self.prompt_part)
+            params = part.sampling_params if part.sampling_params is not None else self.default_params
+            if not isinstance(params, DiffusionSamplingParams):
+                raise TypeError(
+                    f"sample {s.id!r} part {self.stage!r}: sampling_params must be DiffusionSamplingParams "
+                    f"(set it on the Part or pass default_params=); got {type(params).__name__}"
+                )
+            params = pin_sigmas(params, self.bundle)
+            groups.setdefault(params.model_dump_json(), []).append((s, part, params))
+        for members in groups.values():
+            step = self.max_batch_size or len(members)
+            for i in range(0, len(members), step):
+                self._generate_batch(members[i : i + step], rollout_step)
+        return samples
+
+    def _generate_batch(
+        self, members: list[tuple[Sample, Part, DiffusionSamplingParams]], rollout_step: int
+    ) -> None:
+        params = members[0][2]
+        assert params.sigmas is not None
+        strategy = get_strategy(params.sde_strategy)
+        sde_indices = params.resolve_sde_indices(rollout_step)
+        strategy.check(params.sigmas, sde_indices, params.eta)
+        scored = strategy.stochastic and params.eta > 0
+        B, T, dev = len(members), params.num_steps, self.bundle.device
+
+        conditions = self._encode(members, params)
+        shape = self.bundle.latent_shape(params.height, params.width)
+        keys = [
+            noise_key(s.id, s.group_id, same_noise_per_group=params.noise.scope == "group")
+            for s, _, _ in members
+        ]
+        x = initial_noise(shape, seed=params.noise.seed, keys=keys).to(dev)
+        step_gens = [
+            noise_generator(params.noise.seed, f"sample:{s.id}", stream="sde") for s, _, _ in members
+        ]
+        sigmas = torch.tensor(params.sigmas, dtype=torch.float32, device=dev).expand(B, T + 1)
+
+        sde_set = set(sde_indices)
+        keep = sorted({p for j in sde_indices for p in (j, j + 1)} | {T})
+        stored: dict[int, Tensor] = {}
+        log_probs: list[Tensor] = []
+        means: list[Tensor] = []
+        for j in range(T):
+            if j in keep:
+                stored[j] = x.cpu()
+            v = self._guided_velocity(x, sigmas[:, j], conditions, params.guidance_scale)
+            if j in sde_set:
+                z = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in step_gens]).to(
+                    dev
+                )
+                res: StepResult = strategy.step(x, v, sigmas, j, params.eta, noise=z)
+                if res.log_prob is not None:
+                    log_probs.append(res.log_prob.cpu())
+                if self.record_old_means:
+                    means.append(res.mean.cpu())
+            else:
+                res = ode_step(x, v, sigmas[:, j], sigmas[:, j + 1])
+            x = res.x_next
+        stored[T] = x.cpu()
+
+        images = self.bundle.decode(x)
+        lp = torch.stack(log_probs, dim=1) if scored and sde_indices else None  # [B, n]
+        om = torch.stack(means, dim=1) if means else None  # [B, n, ...]
+        lat = torch.stack([stored[p] for p in keep], dim=1)  # [B, S, ...]
+        for b, (_, part, _) in enumerate(members):
+            part.sampling_params = params
+            part.conditions = conditions[b]
+            part.segment = LatentTrajectory(
+                latents=lat[b].clone(),
+                positions=keep,
+                sigmas=list(params.sigmas),
+                sde_indices=sde_indices,
+                log_probs=None if lp is None else lp[b].clone(),
+                old_means=None if om is None else om[b].clone(),
+            )
+            part.outputs = [ImagePrimitive(pixels=images[b])]
+            part.status = "completed"
+
+    def _encode(
+        self, members: list[tuple[Sample, Part, DiffusionSamplingParams]], params: DiffusionSamplingParams
+    ) -> list[Conditions]:
+        """Per-sample conditions; each distinct prompt is encoded once, the negative prompt once per pipeline."""
+        texts = [s.part(self.prompt_part).text if self.prompt_part else s.prompt for s, _, _ in members]
+        unique = list(dict.fromkeys(texts))
+        encoded = dict(zip(unique, self.bundle.encode_prompts(unique)))
+        neg: Conditions | None = None
+        if params.cfg:
+            if params.negative_prompt not in self._negative_cache:
+                self._negative_cache[params.negative_prompt] = self.bundle.encode_prompts(
+                    [params.negative_prompt]
+                )[0]
+            neg = self._negative_cache[params.negative_prompt]
+        out = []
+        for t in texts:
+            tensors = dict(encoded[t].tensors)
+            if neg is not None:
+                tensors.update({NEGATIVE_PREFIX + k: v for k, v in neg.tensors.items()})
+            out.append(Conditions(tensors=tensors))
+        return out
+
+    # ---- model call ---------------------------------------------------------------------------
+    def _guided_velocity(
+        self, x: Tensor, sigma: Tensor, conditions: Sequence[Conditions], guidance: float
+    ) -> Tensor:
+        """Velocity with CFG ``v_u + w (v_c - v_u)`` when w > 1, cond and uncond in ONE forward."""
+        b = self.bundle
+        keys = [k for k in conditions[0].tensors if not k.startswith(NEGATIVE_PREFIX)]
+        pos = stack_conditions(conditions, keys, b.device, b.dtype)
+        x_in = x.to(b.dtype)
+        if guidance <= 1.0:
+            return b.predict_velocity(x_in, sigma, pos)
+        neg = stack_conditions(conditions, keys, b.device, b.dtype, prefix=NEGATIVE_PREFIX)
+        both = {k: torch.cat([neg[k], pos[k]]) for k in keys}
+        out = b.predict_velocity(torch.cat([x_in, x_in]), torch.cat([sigma, sigma]), both)
+        v_u, v_c = out.chunk(2)
+        return v_u + guidance * (v_c - v_u)
+
+    def velocity(
+        self, latents: Tensor, sigma: Tensor, conditions: Sequence[Conditions], guidance: float
+    ) -> Tensor:
+        """Guided velocity (fp32, with gradients) for ``latents`` [B, ...] at ``sigma`` [B] (NFT / SFT)."""
+        if len(conditions) != latents.shape[0]:
+            raise ValueError(f"got {len(conditions)} conditions for a batch of {latents.shape[0]} latents")
+        sig = torch.as_tensor(sigma, device=self.bundle.device).to(torch.float32).reshape(-1)
+        if sig.numel() == 1:
+            sig = sig.expand(latents.shape[0])
+        x = latents.to(self.bundle.device, torch.float32)
+        return self._guided_velocity(x, sig, conditions, guidance).to(torch.float32)
+
+    # ---- replay -------------------------------------------------------------------------------
+    def replay_step(self, parts: Sequence[Part], step: int) -> StepReplay:
+        """Re-score the stored transition x_step -> x_{step+1} of each Part, with gradients."""
+        if not parts:
+            raise ValueError("replay_step needs at least one part")
+        params = [self._check_part(p, step) for p in parts]
+        p0 = params[0]
+        for p, pp in zip(parts, params):
+            for field in ("sde_strategy", "eta", "guidance_scale", "negative_prompt"):
+                if getattr(pp, field) != getattr(p0, field):
+                    raise ValueError(
+                        f"parts in one replay micro-batch must share sampling_params.{field}: "
+                        f"{getattr(pp, field)!r} (part {p.name!r}) vs {getattr(p0, field)!r}"
+                    )
+        segs = [p.segment for p in parts]
+        dev = self.bundle.device
+        x = torch.stack([to_torch(s.latent_at(step)) for s in segs]).to(dev, torch.float32)  # type: ignore[union-attr]
+        x_next = torch.stack([to_torch(s.latent_at(step + 1)) for s in segs]).to(dev, torch.float32)  # type: ignore[union-attr]
+        sigmas = torch.tensor([s.sigmas for s in segs], dtype=torch.float32, device=dev)  # type: ignore[union-attr]
+        conds = [p.conditions for p in parts]
+        v = self._guided_velocity(x, sigmas[:, step], conds, p0.guidance_scale)  # type: ignore[arg-type]
+        res = get_strategy(p0.sde_strategy).step(x, v, sigmas, step, p0.eta, x_next=x_next)
+        return StepReplay(log_prob=res.log_prob, mean=res.mean, std=res.std, velocity=v.to(torch.float32))
+
+    def _check_part(self, part: Part, step: int) -> DiffusionSamplingParams:
+        seg, params = part.segment, part.sampling_params
+        if not isinstance(seg, LatentTrajectory) or not isinstance(params, DiffusionSamplingParams):
+            raise TypeError(
+                f"part {part.name!r} needs a LatentTrajectory segment and DiffusionSamplingParams to replay; "
+                f"got {type(seg).__name__} / {type(params).__name__}"
+            )
+        if part.conditions is None:
+            raise ValueError(
+                f"part {part.name!r} has no conditions; it was not produced by a FlowMatchPipeline"
+            )
+        if step not in seg.sde_indices:
+            raise ValueError(
+                f"step={step} is not an SDE step of part {part.name!r} (sde_indices={seg.sde_indices}, "
+                f"num_steps={seg.num_steps}); only SDE steps have a log-prob to replay"
+            )
+        if params.sigmas is not None and list(params.sigmas) != list(seg.sigmas):
+            raise ValueError(
+                f"part {part.name!r}: segment sigmas differ from the pinned sampling_params.sigmas"
+            )
+        return params

@@ -1,0 +1,130 @@
+"""Pure sampling math: seeds, uniforms, top-k / top-p, inverse-CDF draws, log-prob convention, stops."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import pytest
+import torch
+
+from unirl.rollout.ar.sampling import (
+    derive_seed,
+    draw_uniforms,
+    filter_logits,
+    inverse_cdf_sample,
+    sample_next_token,
+    tempered_logprobs,
+)
+from unirl.rollout.ar.stopping import cut_at_stop_string, first_stop
+
+
+def test_derive_seed_is_stable_and_distinct() -> None:
+    # SHA-256 based: a fixed value across processes and Python versions (no hash randomisation).
+    assert derive_seed(0, 0, "a") == derive_seed(0, 0, "a")
+    digest = hashlib.sha256(b"0\x1f0\x1fa").digest()
+    assert derive_seed(0, 0, "a") == int.from_bytes(digest[:8], "little") & (2**63 - 1) == 1648193374633973114
+    seeds = {derive_seed(s, k, i) for s in (0, 1) for k in (0, 1) for i in ("a", "b")}
+    assert len(seeds) == 8
+    assert all(0 <= x < 2**63 for x in seeds)
+    # the separator keeps (1, 23) and (12, 3) apart
+    assert derive_seed(1, 23, "x") != derive_seed(12, 3, "x")
+
+
+def test_draw_uniforms_rows_are_independent_prefix_stable_streams() -> None:
+    u = draw_uniforms([7, 8], 5)
+    assert u.shape == (2, 5) and u.dtype == torch.float32
+    assert ((u >= 0) & (u < 1)).all()
+    # drawing more steps never changes the earlier ones; a row does not depend on its neighbours
+    assert torch.equal(draw_uniforms([7], 9)[0, :5], u[0])
+    assert torch.equal(draw_uniforms([8, 7], 5)[1], u[0])
+    g = torch.Generator().manual_seed(7)
+    assert torch.equal(u[0], torch.rand(5, generator=g))
+
+
+def test_tempered_logprobs_worked_numbers() -> None:
+    # logits [0, ln 3], T = 1: p = [1/4, 3/4]; T = 2: logits/2 = [0, ln sqrt3] -> p = [1/(1+sqrt3), sqrt3/(1+sqrt3)]
+    logits = torch.tensor([[0.0, math.log(3.0)]])
+    assert torch.allclose(tempered_logprobs(logits, 1.0).exp(), torch.tensor([[0.25, 0.75]]))
+    s3 = math.sqrt(3.0)
+    assert torch.allclose(tempered_logprobs(logits, 2.0).exp(), torch.tensor([[1 / (1 + s3), s3 / (1 + s3)]]))
+
+
+def _kept(logits: torch.Tensor, **kw: float) -> list[int]:
+    out = filter_logits(logits, **kw)  # type: ignore[arg-type]
+    return sorted(torch.isfinite(out[0]).nonzero().flatten().tolist())
+
+
+def test_top_k_top_p_filters_worked_examples() -> None:
+    # probs by token id: 0:0.15  1:0.5  2:0.05  3:0.3 (unsorted on purpose: the mask is scattered back)
+    logits = torch.tensor([[0.15, 0.5, 0.05, 0.3]]).log()
+    assert _kept(logits) == [0, 1, 2, 3]
+    assert _kept(logits, top_k=2) == [1, 3]
+    assert _kept(logits, top_k=1) == [1]
+    # descending 0.5, 0.3, 0.15, 0.05; mass before each = 0, 0.5, 0.8, 0.95; drop where >= top_p
+    assert _kept(logits, top_p=0.7) == [1, 3]
+    assert _kept(logits, top_p=0.85) == [0, 1, 3]
+    assert _kept(logits, top_p=0.4) == [1]  # the top token is always kept
+    # top-k first, then top-p over the renormalised survivors [0.625, 0.375]: mass before 0, 0.625
+    assert _kept(logits, top_k=2, top_p=0.6) == [1]
+    assert _kept(logits, top_k=2, top_p=0.7) == [1, 3]
+    # kept logits are unchanged
+    out = filter_logits(logits, top_k=2)
+    assert torch.equal(out[0, [1, 3]], logits[0, [1, 3]])
+
+
+def test_inverse_cdf_sample_worked_numbers() -> None:
+    probs = torch.tensor([[0.1, 0.2, 0.3, 0.4]]).expand(6, 4)
+    # cdf = 0.1, 0.3, 0.6, 1.0: pick the first index whose cdf exceeds u
+    u = torch.tensor([0.0, 0.05, 0.15, 0.45, 0.65, 0.999999])
+    assert inverse_cdf_sample(probs, u).tolist() == [0, 0, 1, 2, 3, 3]
+    # a zero-probability token is never drawn, even with u on its cdf value
+    z = torch.tensor([[0.5, 0.0, 0.5], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    assert inverse_cdf_sample(z, torch.tensor([0.5, 0.0, 0.99999994])).tolist() == [2, 2, 0]
+    # unnormalised rows behave like their normalised version
+    assert inverse_cdf_sample(torch.tensor([[2.0, 6.0]]), torch.tensor([0.3])).tolist() == [1]
+
+
+def test_sample_frequencies_match_filtered_distribution() -> None:
+    # a stratified grid of u reproduces the filtered, renormalised probabilities exactly
+    logits = torch.tensor([[0.15, 0.5, 0.05, 0.3]]).log()
+    M = 2000
+    u = (torch.arange(M, dtype=torch.float32) + 0.5) / M
+    tok, _ = sample_next_token(logits.expand(M, 4), u, temperature=1.0, top_k=2)
+    freq = torch.bincount(tok, minlength=4).float() / M
+    assert torch.allclose(freq, torch.tensor([0.0, 0.625, 0.0, 0.375]), atol=1e-3)
+
+
+def test_logprob_is_tempered_unfiltered() -> None:
+    # with top_k=1 the drawn token is the argmax, but its recorded log-prob is log softmax(logits/T)
+    # over the FULL vocabulary: log(0.5) at T = 1, not 0 (the renormalised top-k value).
+    logits = torch.tensor([[0.15, 0.5, 0.05, 0.3]]).log()
+    tok, lp = sample_next_token(logits, torch.tensor([0.9]), temperature=1.0, top_k=1)
+    assert tok.tolist() == [1]
+    assert torch.allclose(lp, torch.tensor([math.log(0.5)]))
+    # T = 0.5 squares and renormalises: 0.25 / (0.0225 + 0.25 + 0.0025 + 0.09)
+    tok, lp = sample_next_token(logits, torch.tensor([0.9]), temperature=0.5, top_p=0.5)
+    assert tok.tolist() == [1]
+    assert torch.allclose(lp, torch.tensor([math.log(0.25 / 0.365)]))
+
+
+def test_first_stop_and_cut() -> None:
+    assert first_stop("abc END x STOP", ["STOP", "END"]) == 4
+    assert first_stop("abc", ["x", ""]) is None
+
+    def decode(ids: object) -> str:
+        return "".join(chr(i) for i in ids)  # type: ignore[attr-defined]
+
+    ids = [ord(c) for c in "12=3\n\nmore"]
+    # the stop string "\n\n" is completed by token 5 (0-based); keep 6 tokens, cut the text before it
+    assert cut_at_stop_string(ids, decode, ["\n\n"]) == (6, "12=3")
+    assert cut_at_stop_string(ids, decode, ["zz"]) is None
+    assert cut_at_stop_string(ids, decode, ["=", "more"]) == (3, "12")
+    assert cut_at_stop_string(ids, decode, []) is None
+
+
+@pytest.mark.parametrize("V", [3, 50])
+def test_filter_noop_cases(V: int) -> None:
+    logits = torch.randn(2, V)
+    assert filter_logits(logits, top_k=0, top_p=1.0) is logits
+    assert filter_logits(logits, top_k=V, top_p=1.0) is logits

@@ -1,0 +1,170 @@
+"""Shared plumbing of the AR policy losses (GRPO, GSPO, DRPO): old / proximal log-probs,
+decoupled off-policy weights, the KL penalty to a reference, aggregation and metrics.
+
+Subclasses implement ``token_loss(logp, logp_old, adv, mask) -> (loss [B, T], ratio [B, T])``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from unirl.train.algorithms.base import BatchTotals, advantages, as_tensor, require, text_segment
+from unirl.train.algorithms.config_base import AlgorithmConfigBase
+from unirl.train.algorithms.losses.aggregation import AggregationMode, aggregate
+from unirl.train.algorithms.losses.kl import KLEstimator, kl_estimate
+from unirl.train.algorithms.losses.off_policy import OffPolicyLevel, OffPolicyMode, decoupled_weight
+from unirl.train.algorithms.losses.ratio_stats import approx_kl, ratio_stats
+from unirl.types import Part
+
+
+class OffPolicyConfig(AlgorithmConfigBase):
+    """Decoupled-PPO correction between the behaviour (engine) and proximal (trainer) policies."""
+
+    mode: OffPolicyMode = Field(description="'truncate': weight min(w, cap); 'mask': drop w outside [c_min, c_max].")
+    cap: float | None = Field(default=None, gt=0.0, description="truncate: the cap C (e.g. 2.0).")
+    c_min: float | None = Field(default=None, ge=0.0, description="mask: lower bound of kept weights (e.g. 0.5).")
+    c_max: float | None = Field(default=None, gt=0.0, description="mask: upper bound of kept weights (e.g. 2.0).")
+    level: OffPolicyLevel = Field(default="token", description="token weights or one weight per sequence.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> OffPolicyConfig:
+        if self.mode == "truncate" and self.cap is None:
+            raise ValueError("off_policy.mode='truncate' needs off_policy.cap (e.g. 2.0)")
+        if self.mode == "mask" and (self.c_min is None or self.c_max is None or self.c_min >= self.c_max):
+            raise ValueError(
+                f"off_policy.mode='mask' needs c_min < c_max; got c_min={self.c_min}, c_max={self.c_max}"
+            )
+        return self
+
+
+class ARPolicyConfig(AlgorithmConfigBase):
+    """Fields shared by the AR policy-gradient algorithms."""
+
+    loss_agg_mode: AggregationMode = Field(
+        default="token-mean", description="token/sequence aggregation (denominators are global)."
+    )
+    horizon: int | None = Field(
+        default=None, ge=1, description="constant H of 'seq-mean-token-sum-norm' (e.g. max_new_tokens)."
+    )
+    kl_coef: float = Field(default=0.0, ge=0.0, description="weight of the KL penalty to the reference (0 = off).")
+    kl_estimator: KLEstimator = Field(default="k3", description="per-token KL estimator: k1, k2, k3, k3+.")
+    old_logprobs: Literal["rollout", "recompute"] = Field(
+        default="rollout",
+        description="pi_old: the sampler's stored log-probs, or recomputed by the trainer in prepare "
+        "(needed when the engine's numerics differ from the trainer's).",
+    )
+    off_policy: OffPolicyConfig | None = Field(
+        default=None, description="decoupled-PPO weights exp(logp_prox - logp_behav); needs old_logprobs='recompute'."
+    )
+    prepare_batch_size: int = Field(default=8, ge=1, description="Parts per no-grad replay when recomputing.")
+
+    @model_validator(mode="after")
+    def _shared(self) -> ARPolicyConfig:
+        if self.loss_agg_mode == "seq-mean-token-sum-norm" and self.horizon is None:
+            raise ValueError("loss_agg_mode='seq-mean-token-sum-norm' needs horizon (e.g. max_new_tokens)")
+        if self.off_policy is not None and self.old_logprobs != "recompute":
+            raise ValueError(
+                "off_policy needs old_logprobs='recompute': the proximal policy is the trainer's recomputation"
+            )
+        return self
+
+
+def pad_rows(rows: Sequence[Tensor], T: int, device: torch.device) -> Tensor:
+    """Right-pad 1-D fp32 rows with 0 into ``[B, T]`` (rows longer than T are an error)."""
+    out = torch.zeros((len(rows), T), dtype=torch.float32, device=device)
+    for b, r in enumerate(rows):
+        require(r.shape[0] <= T, f"stored log-probs of row {b} have {r.shape[0]} tokens, replay has {T}")
+        out[b, : r.shape[0]] = r.to(device=device, dtype=torch.float32)
+    return out
+
+
+class ARPolicyAlgorithm:
+    """Base of GRPO / GSPO / DRPO: everything but the per-token loss."""
+
+    needs_old_logprobs = True
+    config: ARPolicyConfig
+
+    def __init__(self, config: ARPolicyConfig, name: str) -> None:
+        self.config = config
+        self.name = name
+        self.reference: Any | None = None
+        self._prox: dict[int, Tensor] = {}
+
+    def set_reference(self, reference: Any) -> None:
+        """Reference policy for ``kl_coef > 0``: anything with ``replay_logprobs`` (e.g.
+        ``ContextReference(pipeline, backend.reference_weights)``)."""
+        self.reference = reference
+
+    def token_loss(self, logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def clip_metrics(self, ratio: Tensor, mask: Tensor) -> dict[str, float]:
+        return {}
+
+    def prepare(self, parts: Sequence[Part], pipeline: Any) -> None:
+        cfg = self.config
+        segs = [text_segment(p, self.name) for p in parts]
+        if cfg.old_logprobs == "rollout" or cfg.off_policy is not None:
+            missing = [p.name for p, s in zip(parts, segs) if s.log_probs is None]
+            require(not missing, f"{self.name}: parts {missing[:3]} have no stored log_probs (sampler log-probs)")
+        require(
+            cfg.kl_coef == 0.0 or self.reference is not None,
+            f"{self.name}.kl_coef={cfg.kl_coef} needs a reference policy: call algorithm.set_reference("
+            "ContextReference(pipeline, backend.reference_weights)) or set kl_coef=0",
+        )
+        self._prox = {}
+        if cfg.old_logprobs == "recompute":
+            with torch.no_grad():
+                for i in range(0, len(parts), cfg.prepare_batch_size):
+                    chunk = parts[i : i + cfg.prepare_batch_size]
+                    logp = pipeline.replay_logprobs(chunk).logp.detach().float()
+                    for b, (p, s) in enumerate(zip(chunk, segs[i : i + cfg.prepare_batch_size])):
+                        self._prox[id(p)] = logp[b, : len(s.response_ids)].clone()
+
+    def _old(self, parts: Sequence[Part], T: int, device: torch.device) -> tuple[Tensor, Tensor | None]:
+        """``(logp_old [B, T], logp_behav [B, T] or None)``."""
+        segs = [text_segment(p, self.name) for p in parts]
+        behav = None
+        if all(s.log_probs is not None for s in segs):
+            behav = pad_rows([as_tensor(s.log_probs).float() for s in segs], T, device)
+        if self.config.old_logprobs == "recompute":
+            missing = [p.name for p in parts if id(p) not in self._prox]
+            require(not missing, f"{self.name}: parts {missing[:3]} were not prepared; call prepare() first")
+            return pad_rows([self._prox[id(p)] for p in parts], T, device), behav
+        require(behav is not None, f"{self.name}: a part has no stored log_probs")
+        return behav, behav  # type: ignore[return-value]
+
+    def loss(self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals) -> tuple[Tensor, dict[str, float]]:
+        cfg = self.config
+        rep = pipeline.replay_logprobs(parts)
+        logp, mask = rep.logp.float(), rep.mask.bool()
+        device = logp.device
+        old, behav = self._old(parts, logp.shape[1], device)
+        adv = advantages(parts, self.name, device)
+        loss_bt, ratio = self.token_loss(logp, old, adv, mask)
+        metrics: dict[str, float] = {}
+        if cfg.off_policy is not None:
+            op = cfg.off_policy
+            w = decoupled_weight(
+                old, behav, mask, op.mode, cap=op.cap, c_min=op.c_min, c_max=op.c_max, level=op.level  # type: ignore[arg-type]
+            )
+            loss_bt = loss_bt * w
+            metrics["is_weight_mean"] = (w.sum() / mask.sum().clamp_min(1)).item()
+        if cfg.kl_coef > 0:
+            ref = self.reference.replay_logprobs(parts).logp.detach().float()  # type: ignore[union-attr]
+            kl = kl_estimate(logp, ref, cfg.kl_estimator)
+            loss_bt = loss_bt + cfg.kl_coef * kl
+            metrics["kl"] = (kl.detach() * mask).sum().item() / max(int(mask.sum()), 1)
+        loss = aggregate(
+            loss_bt, mask, cfg.loss_agg_mode, num_tokens=totals.num_tokens, num_samples=totals.num_samples,
+            horizon=cfg.horizon,
+        )
+        metrics.update(ratio_stats(ratio, mask))
+        metrics.update(self.clip_metrics(ratio, mask))
+        metrics["approx_kl"] = approx_kl(logp.detach() - old, mask).item()
+        return loss, metrics

@@ -1,0 +1,119 @@
+"""Shared plumbing of the diffusion policy losses: which SDE steps each Part trains on, the old
+log-probs / old means stored on its LatentTrajectory, and the reference replay for KL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from unirl.train.algorithms.base import StepReplayLike, as_tensor, latent_segment
+from unirl.types import DiffusionSamplingParams, LatentTrajectory, Part
+
+
+@dataclass(frozen=True)
+class StepGroup:
+    """The Parts of a micro-batch that train on denoising step ``step``.
+
+    ``rows``: their positions in the micro-batch; ``slots``: the index of ``step`` in each one's
+    ``sde_indices`` (where its old log-prob / old mean is stored).
+    """
+
+    step: int
+    rows: list[int]
+    slots: list[int]
+
+
+def group_by_step(segs: Sequence[LatentTrajectory]) -> list[StepGroup]:
+    """One group per distinct SDE step of the micro-batch, in increasing step order."""
+    by_step: dict[int, tuple[list[int], list[int]]] = {}
+    for b, seg in enumerate(segs):
+        for k, j in enumerate(seg.sde_indices):
+            rows, slots = by_step.setdefault(j, ([], []))
+            rows.append(b)
+            slots.append(k)
+    return [StepGroup(j, *by_step[j]) for j in sorted(by_step)]
+
+
+def old_logprobs(segs: Sequence[LatentTrajectory], g: StepGroup, device: torch.device) -> Tensor:
+    """``[n]`` fp32 stored log-probs of step ``g.step`` of each Part in the group."""
+    return torch.stack([as_tensor(segs[b].log_probs)[k] for b, k in zip(g.rows, g.slots)]).to(
+        device=device, dtype=torch.float32
+    )
+
+
+def old_means(segs: Sequence[LatentTrajectory], g: StepGroup, device: torch.device) -> Tensor:
+    """``[n, ...]`` fp32 old Gaussian means of step ``g.step`` of each Part in the group."""
+    return torch.stack([as_tensor(segs[b].old_means)[k] for b, k in zip(g.rows, g.slots)]).to(
+        device=device, dtype=torch.float32
+    )
+
+
+def checked_log_prob(rep: StepReplayLike, parts: Sequence[Part], step: int, algorithm: str) -> Tensor:
+    """The replayed log-prob, or a ValueError when the step was deterministic (no density)."""
+    if rep.log_prob is None:
+        raise ValueError(
+            f"{algorithm}: replay of step {step} (parts {[p.name for p in parts][:3]}...) returned no log-prob: "
+            "the step is deterministic (ODE strategy or eta == 0). Only SDE steps can be trained: "
+            "set sampling_params.eta > 0 and a stochastic sde_strategy"
+        )
+    return rep.log_prob
+
+
+def check_trainable(parts: Sequence[Part], algorithm: str, *, needs_log_probs: bool) -> list[LatentTrajectory]:
+    """The LatentTrajectories of ``parts``; errors name the Part when one cannot be trained."""
+    segs = [latent_segment(p, algorithm) for p in parts]
+    for p, seg in zip(parts, segs):
+        if needs_log_probs and seg.sde_indices and seg.log_probs is None:
+            raise ValueError(
+                f"{algorithm}: part {p.name!r} has sde_indices {seg.sde_indices} but no log_probs; "
+                "the rollout must record one log-prob per SDE step"
+            )
+    return segs
+
+
+def check_sampling(parts: Sequence[Part], algorithm: str, strategy: str | None, schedule: str | None) -> None:
+    """Named variants (DanceGRPO, MixGRPO) require the rollout's SDE strategy / index schedule."""
+    for p in parts:
+        sp = p.sampling_params
+        if not isinstance(sp, DiffusionSamplingParams):
+            continue
+        if strategy is not None and sp.sde_strategy != strategy:
+            raise ValueError(
+                f"{algorithm} expects rollouts sampled with sde_strategy={strategy!r}; part {p.name!r} "
+                f"used {sp.sde_strategy!r}. Set the diffusion sampling params' sde_strategy to {strategy!r} "
+                "(see the config's sampling_overrides()) or use kind='flow_grpo'"
+            )
+        if schedule is not None and sp.sde_schedule.kind != schedule:
+            raise ValueError(
+                f"{algorithm} expects sde_schedule.kind={schedule!r}; part {p.name!r} used "
+                f"{sp.sde_schedule.kind!r}. See the config's sampling_overrides()"
+            )
+
+
+@torch.no_grad()
+def fill_old_means(
+    parts: Sequence[Part], pipeline: Any, batch_size: int, algorithm: str, *, recompute: bool
+) -> None:
+    """Record pi_old's Gaussian mean of every SDE step on ``segment.old_means`` (fp32, CPU).
+
+    Parts that already carry ``old_means`` (recorded at rollout) keep them unless ``recompute``.
+    Replays in chunks of ``batch_size`` Parts under no_grad.
+    """
+    todo = [p for p in parts if recompute or latent_segment(p, algorithm).old_means is None]
+    for i in range(0, len(todo), batch_size):
+        chunk = todo[i : i + batch_size]
+        segs = [latent_segment(p, algorithm) for p in chunk]
+        buffers: list[list[Tensor | None]] = [[None] * len(s.sde_indices) for s in segs]
+        for g in group_by_step(segs):
+            rep = pipeline.replay_step([chunk[b] for b in g.rows], g.step)
+            mean = rep.mean.detach().float().cpu()
+            for r, (b, k) in enumerate(zip(g.rows, g.slots)):
+                buffers[b][k] = mean[r]
+        for seg, buf in zip(segs, buffers):
+            if buf:
+                seg.old_means = torch.stack([t for t in buf if t is not None])

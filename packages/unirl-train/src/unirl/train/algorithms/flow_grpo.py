@@ -1,0 +1,161 @@
+"""Flow-GRPO (and its named variants DanceGRPO, MixGRPO) as a StageAlgorithm.
+
+Per (sample, SDE step): replay the stored transition with gradients, ``rho = exp(logp - logp_old)``
+with ``logp_old`` from ``segment.log_probs``, the clipped loss, optionally plus
+``kl_coef * mean_elements (mu_theta - mu_ref)^2 / (2 s^2)`` against a reference replay. The
+mini-batch loss is the mean over all (sample, SDE step) pairs (``BatchTotals.num_steps``).
+
+DanceGRPO and MixGRPO share this loss; they differ in how the rollout samples (Dance-SDE with a
+constant g; MixGRPO's sliding SDE window, the other steps ODE). Their configs check that the
+rollout used the matching strategy and offer ``sampling_overrides()`` for the sampling params.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from unirl.train.algorithms import _diffusion as D
+from unirl.train.algorithms.base import BatchTotals, advantages, require
+from unirl.train.algorithms.config_base import AlgorithmConfigBase
+from unirl.train.algorithms.losses.flow_grpo import clipped_surrogate, gaussian_mean_kl
+from unirl.train.algorithms.losses.grpo_guard import guarded_log_ratio
+from unirl.train.algorithms.losses.ratio_stats import approx_kl, clip_fraction, ratio_stats
+from unirl.types import Part, SlidingWindow
+
+
+class FlowGRPOConfig(AlgorithmConfigBase):
+    """Flow-GRPO: PPO-clip on per-step Gaussian log-probs of the SDE sampler."""
+
+    kind: Literal["flow_grpo"] = "flow_grpo"
+    clip_range: float = Field(
+        default=1e-4, gt=0.0, lt=1.0, description="eps of clip(rho, 1 - eps, 1 + eps); 1e-4 (1e-5 for CPS)."
+    )
+    kl_coef: float = Field(
+        default=0.0, ge=0.0, description="weight of the exact Gaussian KL to the reference (0 = off; e.g. 0.04)."
+    )
+    grpo_guard: bool = Field(
+        default=False,
+        description="GRPO-Guard ratio normalisation: log-ratio rescaled by s with the mean-shift bias removed "
+        "before clipping. Needs the old means (recorded at rollout or computed in prepare).",
+    )
+    recompute_old_means: bool = Field(
+        default=False, description="with grpo_guard: recompute old means in prepare even if the rollout stored them."
+    )
+    prepare_batch_size: int = Field(default=8, ge=1, description="Parts per no-grad replay when computing old means.")
+
+    expected_strategy: ClassVar[str | None] = None
+    expected_schedule: ClassVar[str | None] = None
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        """Fields to set on ``DiffusionSamplingParams`` for this variant (none for plain Flow-GRPO)."""
+        return {}
+
+    def build(self) -> FlowGRPO:
+        return FlowGRPO(self)
+
+
+class DanceGRPOConfig(FlowGRPOConfig):
+    """DanceGRPO: the Flow-GRPO loss on Dance-SDE rollouts (constant diffusion coefficient g = eta)."""
+
+    kind: Literal["dance_grpo"] = "dance_grpo"  # type: ignore[assignment]
+    eta: float = Field(default=0.3, gt=0.0, description="the constant g of Dance-SDE (sampling_overrides).")
+
+    expected_strategy: ClassVar[str | None] = "dance_sde"
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        return {"sde_strategy": "dance_sde", "eta": self.eta}
+
+
+class MixGRPOConfig(FlowGRPOConfig):
+    """MixGRPO: SDE only inside a sliding window of steps (ODE elsewhere); train on the window."""
+
+    kind: Literal["mix_grpo"] = "mix_grpo"  # type: ignore[assignment]
+    window_size: int = Field(default=4, ge=1, description="SDE steps per rollout (w).")
+    window_stride: int = Field(default=1, ge=1, description="steps the window moves each advance (s).")
+    advance_every: int = Field(default=25, ge=1, description="rollout steps between window moves (tau).")
+    cycle: bool = Field(default=False, description="restart the window at step 0 after the last position.")
+
+    expected_schedule: ClassVar[str | None] = "sliding_window"
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        require(
+            self.window_stride <= self.window_size,
+            f"mix_grpo.window_stride={self.window_stride} must be <= window_size={self.window_size}",
+        )
+        schedule = SlidingWindow(
+            size=self.window_size,
+            overlap=self.window_size - self.window_stride,
+            advance_every=self.advance_every,
+            cycle=self.cycle,
+        )
+        return {"sde_strategy": "flow_sde", "sde_schedule": schedule}
+
+
+class FlowGRPO:
+    """Flow-GRPO StageAlgorithm (also DanceGRPO / MixGRPO through their configs)."""
+
+    needs_old_logprobs = True
+
+    def __init__(self, config: FlowGRPOConfig) -> None:
+        self.config = config
+        self.name: str = config.kind
+        self.reference: Any | None = None
+
+    def set_reference(self, reference: Any) -> None:
+        """The reference policy for ``kl_coef > 0``: anything with ``replay_step`` (e.g.
+        ``ContextReference(pipeline, backend.reference_weights)``)."""
+        self.reference = reference
+
+    def prepare(self, parts: Sequence[Part], pipeline: Any) -> None:
+        cfg = self.config
+        D.check_trainable(parts, self.name, needs_log_probs=True)
+        D.check_sampling(parts, self.name, cfg.expected_strategy, cfg.expected_schedule)
+        require(
+            cfg.kl_coef == 0.0 or self.reference is not None,
+            f"{self.name}.kl_coef={cfg.kl_coef} needs a reference policy: call "
+            "algorithm.set_reference(ContextReference(pipeline, backend.reference_weights)) or set kl_coef=0",
+        )
+        if cfg.grpo_guard:
+            D.fill_old_means(parts, pipeline, cfg.prepare_batch_size, self.name, recompute=cfg.recompute_old_means)
+
+    def loss(self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals) -> tuple[Tensor, dict[str, float]]:
+        cfg = self.config
+        segs = D.check_trainable(parts, self.name, needs_log_probs=True)
+        require(totals.num_steps > 0, f"{self.name}: BatchTotals.num_steps is 0; no SDE step to train on")
+        total: Tensor | None = None
+        log_ratios, ratios, kls = [], [], []
+        metrics: dict[str, float] = {}
+        for g in D.group_by_step(segs):
+            sub = [parts[b] for b in g.rows]
+            rep = pipeline.replay_step(sub, g.step)
+            logp = D.checked_log_prob(rep, sub, g.step, self.name).float()
+            device = logp.device
+            adv = advantages(sub, self.name, device)
+            log_ratio = logp - D.old_logprobs(segs, g, device)
+            if cfg.grpo_guard:
+                log_ratio = guarded_log_ratio(log_ratio, rep.mean, D.old_means(segs, g, device), rep.std)
+            ratio = torch.exp(log_ratio)
+            per = clipped_surrogate(ratio, adv, cfg.clip_range, cfg.clip_range)
+            if cfg.kl_coef > 0:
+                ref = self.reference.replay_step(sub, g.step)  # type: ignore[union-attr]
+                kl = gaussian_mean_kl(rep.mean, ref.mean.detach(), rep.std.detach())
+                per = per + cfg.kl_coef * kl
+                kls.append(kl.detach())
+            total = per.sum() if total is None else total + per.sum()
+            log_ratios.append(log_ratio.detach())
+            ratios.append(ratio.detach())
+            metrics[f"log_ratio_step_{g.step}"] = log_ratio.detach().mean().item()
+        require(total is not None, f"{self.name}: no part in this micro-batch has an SDE step to train on")
+        loss = total / totals.num_steps  # type: ignore[operator]
+        r, lr = torch.cat(ratios), torch.cat(log_ratios)
+        metrics.update(ratio_stats(r))
+        metrics["clip_frac"] = clip_fraction(r, cfg.clip_range, cfg.clip_range).item()
+        metrics["approx_kl"] = approx_kl(lr).item()
+        if kls:
+            metrics["kl"] = torch.cat(kls).mean().item()
+        return loss, metrics

@@ -1,0 +1,99 @@
+"""FSDPBackend on CPU (gloo, world size 1): step, clipping, non-finite skip, EMA, reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+
+from unirl.train.backends.base import TrainBackend
+from unirl.train.backends.fsdp import FSDPBackend, FSDPConfig
+from unirl.train.ema import EMAConfig
+from unirl.train.optim import AdamWConfig, LinearWarmupSchedule
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def linear_backend(**kw) -> FSDPBackend:
+    lin = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[1.0, -1.0]]))
+    cfg = FSDPConfig(optimizer=AdamWConfig(lr=0.1), **kw)
+    return cfg.build(lin, device="cpu")
+
+
+def backward_xy(b: FSDPBackend, x=(3.0, 4.0)) -> None:
+    b.backward(b.module(torch.tensor([x])).sum())  # d/dw (w . x) = x
+
+
+def test_is_a_train_backend_and_params_are_sharded_dtensors() -> None:
+    b = linear_backend()
+    assert isinstance(b, TrainBackend)
+    assert (b.rank, b.world_size, b.global_step) == (0, 1, 0)
+    assert isinstance(b.module.weight, DTensor)
+
+
+def test_clipping_uses_total_norm_and_reports_it() -> None:
+    b = linear_backend(grad_clip=1.0)
+    backward_xy(b)  # grad [3, 4], norm 5, clipped to [0.6, 0.8]
+    stats = b.step()
+    assert stats.grad_norm == pytest.approx(5.0)
+    assert not stats.skipped_nonfinite and stats.global_step == 1 and stats.lr == pytest.approx(0.1)
+    exp_avg = full(b.optimizer.state[b.module.weight]["exp_avg"])
+    torch.testing.assert_close(exp_avg, torch.tensor([[0.06, 0.08]]))  # (1 - beta1) * clipped grad
+    # AdamW's first step moves each weight by lr * sign(g) (bias-corrected m / sqrt(v) = +-1).
+    torch.testing.assert_close(full(b.module.weight.detach()), torch.tensor([[0.9, -1.1]]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_nonfinite_grad_skips_the_step(bad: float) -> None:
+    b = linear_backend(ema=EMAConfig(decay=0.5), scheduler=LinearWarmupSchedule(warmup_steps=2))
+    before = full(b.module.weight.detach()).clone()
+    backward_xy(b, x=(bad, 1.0))
+    stats = b.step()
+    assert stats.skipped_nonfinite and not math.isfinite(stats.grad_norm)
+    assert stats.global_step == b.global_step == 0
+    torch.testing.assert_close(full(b.module.weight.detach()), before)
+    assert b.optimizer.state == {} or not b.optimizer.state[b.module.weight]
+    assert b.scheduler.get_last_lr()[0] == pytest.approx(0.05)  # schedule did not advance
+    assert all(p.grad is None for p in b.module.parameters())
+    backward_xy(b)
+    assert not b.step().skipped_nonfinite and b.global_step == 1
+
+
+def test_ema_weights_context_through_backend() -> None:
+    b = linear_backend(ema=EMAConfig(decay=0.75))
+    backward_xy(b)
+    b.step()  # w: [1, -1] -> [0.9, -1.1]; ema = 0.75 * [1, -1] + 0.25 * [0.9, -1.1]
+    x = torch.tensor([[1.0, 0.0]])
+    with torch.no_grad(), b.ema_weights():
+        assert b.module(x).item() == pytest.approx(0.975, abs=1e-6)
+    with torch.no_grad():
+        assert b.module(x).item() == pytest.approx(0.9, abs=1e-6)
+
+
+def test_frozen_copy_reference_is_the_initial_policy() -> None:
+    b = linear_backend(reference="frozen_copy")
+    backward_xy(b)
+    b.step()
+    x = torch.tensor([[1.0, 0.0]])
+    with torch.no_grad(), b.reference_weights():
+        assert b.module(x).item() == pytest.approx(1.0)
+    with torch.no_grad():
+        assert b.module(x).item() == pytest.approx(0.9, abs=1e-6)
+
+
+def test_missing_features_give_clear_errors() -> None:
+    b = linear_backend()
+    with pytest.raises(ValueError, match="ema"):
+        b.ema_weights()
+    with pytest.raises(ValueError, match="frozen_copy"):
+        b.reference_weights()
+    with pytest.raises(ValueError, match="needs lora"):
+        FSDPConfig(optimizer=AdamWConfig(lr=1.0), reference="lora_base").build(torch.nn.Linear(1, 1), "cpu")
+    with pytest.raises(ValueError, match="gradient_checkpointing"):
+        FSDPConfig(optimizer=AdamWConfig(lr=1.0), gradient_checkpointing=True).build(torch.nn.Linear(1, 1), "cpu")
