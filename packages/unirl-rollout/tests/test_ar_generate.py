@@ -99,12 +99,13 @@ def test_stop_token_ids_stop_rows_mid_batch(bundle: CausalLMBundle) -> None:
         else:
             assert sr == fr
         assert torch.equal(s.segment.log_probs, f.segment.log_probs[: len(sr)])
-    assert len(stopped[1].segment.response_ids) <= k + 1 < len(row) or len(row) == 16
+    assert stopped[1].segment.finish_reason == "stop" and len(stopped[1].segment.response_ids) <= k + 1
 
 
 def test_stop_strings_cut_text_and_keep_completing_token(bundle: CausalLMBundle) -> None:
     free = run(bundle, make_samples(), max_new_tokens=16)
     text = free[0].text
+    assert len(text) >= 5
     stop = text[3:5]  # a two-character string that occurs in row 0
     parts = run(bundle, make_samples(), max_new_tokens=16, stop=[stop])
     for f, p in zip(free, parts):

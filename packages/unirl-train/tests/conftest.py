@@ -85,7 +85,7 @@ class TokenPPO:
         per = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - self.clip, 1 + self.clip))
         per = per * rep.mask
         denom = rep.mask.sum() if self.local_norm else totals.num_tokens
-        return per.sum() / denom, {"ratio_mean": float(ratio[rep.mask].mean())}
+        return per.sum() / denom, {"ratio_mean": float(ratio.detach()[rep.mask].mean())}
 
 
 def token_parts(n: int = 8, seed: int = 0) -> list[Part]:

@@ -50,7 +50,8 @@ class FeasibilityConfig:
     num_steps: int = 16
     shift: float = 1.0
     guidance: float = 1.0
-    check_shape: bool = True
+    final_grid: bool = True
+    max_steps: int = 0
     seed: int = 0
 
 
@@ -113,17 +114,30 @@ def evaluate(
     captions = captions[:: max(1, len(captions) // max_captions)][:max_captions]
     captions = [c for c in captions for _ in range(cfg.eval_samples_per_caption)]
     images = euler_sample(model, captions, cfg, torch.Generator().manual_seed(1234))
-    checker = CheckerConfig(check_shape=cfg.check_shape)
-    results = [check_image(img, cap, checker) for img, cap in zip(images, captions)]
+    results = [check_image(img, cap) for img, cap in zip(images, captions)]
+    no_shape = CheckerConfig(check_shape=False)
+    results_ns = [check_image(img, cap, no_shape) for img, cap in zip(images, captions)]
     model.train()
     single = [r.correct for r, c in zip(results, captions) if len(c.split()) == 3]
     pair = [r.correct for r, c in zip(results, captions) if len(c.split()) > 3]
     return {
         f"{split}_acc": float(np.mean([r.correct for r in results])),
         f"{split}_score": float(np.mean([r.score for r in results])),
+        f"{split}_acc_noshape": float(np.mean([r.correct for r in results_ns])),
         f"{split}_acc_single": float(np.mean(single)) if single else float("nan"),
         f"{split}_acc_pair": float(np.mean(pair)) if pair else float("nan"),
     }
+
+
+def final_grid(model: TinyShapesModel, world: ShapesWorld, cfg: FeasibilityConfig) -> None:
+    """Held-out accuracy of the final model over sampler settings (guidance x steps x shift)."""
+    for guidance in (1.0, 2.0, 4.0):
+        for num_steps in (10, 20):
+            for shift in (1.0, 3.0):
+                c = FeasibilityConfig(**{**asdict(cfg), "guidance": guidance, "num_steps": num_steps, "shift": shift})
+                row = {"grid": True, "guidance": guidance, "num_steps": num_steps, "shift": shift}
+                row.update(evaluate(model, world, "held_out", c))
+                print(json.dumps(row), flush=True)
 
 
 def flow_matching_loss(model: TinyShapesModel, x0: torch.Tensor, captions: list[str], gen: torch.Generator):
@@ -164,7 +178,7 @@ def run(cfg: FeasibilityConfig) -> list[dict[str, float]]:
         step += 1
         losses.append(loss.item())
         train_s += time.time() - t0
-        if train_s >= next_eval or train_s >= cfg.budget_s:
+        if train_s >= next_eval or train_s >= cfg.budget_s or step == cfg.max_steps:
             t_eval = time.time()
             row = {"step": step, "train_s": round(train_s, 1), "loss": float(np.mean(losses[-50:]))}
             row.update(evaluate(model, world, "held_out", cfg))
@@ -174,7 +188,9 @@ def run(cfg: FeasibilityConfig) -> list[dict[str, float]]:
             rows.append(row)
             print(json.dumps(row), flush=True)
             next_eval += cfg.eval_every_s
-            if train_s >= cfg.budget_s:
+            if train_s >= cfg.budget_s or step == cfg.max_steps:
+                if cfg.final_grid:
+                    final_grid(model, world, cfg)
                 return rows
 
 

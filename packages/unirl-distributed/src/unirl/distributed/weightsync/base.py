@@ -221,6 +221,11 @@ class BucketedWeightSync(abc.ABC):
         """Free the ticket's payload once every receiver acked (default: nothing to free)."""
         return None
 
+    def _drain(self, ticket: SyncTicket, start: int) -> None:
+        """Consume buckets ``start..`` without loading them (streaming transports must, or the
+        sender blocks); default: nothing to do."""
+        return None
+
     # -- sender ---------------------------------------------------------------------------------
     def _iter_buckets(
         self, params: NamedTensors
@@ -298,7 +303,11 @@ class BucketedWeightSync(abc.ABC):
         sums = []
         for i, (metas, payload) in enumerate(zip(t.buckets, t.payload)):
             tensors = self._fetch(metas, payload)
-            sums.append(self._verify_bucket(t.version, i, metas, tensors, t.bucket_checksums[i]))
+            try:
+                sums.append(self._verify_bucket(t.version, i, metas, tensors, t.bucket_checksums[i]))
+            except WeightSyncError:
+                self._drain(t, i + 1)
+                raise
             sink({m.name: x for m, x in zip(metas, tensors)})
         checksum = overall_checksum(t.version, sums)
         if checksum != t.checksum:

@@ -95,22 +95,33 @@ class BroadcastWeightSync(BucketedWeightSync):
 
     def receive(self, ticket: SyncTicket | None, sink: Sink) -> SyncAck:
         """Read the header from the stream, then each bucket; ``ticket`` is ignored (may be None)."""
-        header = json.loads(self._bcast_bytes(None).decode())
-        if not isinstance(header, dict) or not isinstance(header.get("version"), int):
-            raise WeightSyncError(f"{self.name}: malformed broadcast header")
-        buckets = tuple(tuple(TensorMeta.from_json(m) for m in b) for b in header["buckets"])
-        sums = tuple(str(c) for c in header["checksums"])
-        version = header["version"]
+        raw = self._bcast_bytes(None)
+        try:
+            header = json.loads(raw.decode())
+            version = header["version"]
+            buckets = tuple(tuple(TensorMeta.from_json(m) for m in b) for b in header["buckets"])
+            sums = tuple(str(c) for c in header["checksums"])
+            if not isinstance(version, int) or len(sums) != len(buckets):
+                raise ValueError("version/checksums malformed")
+        except (ValueError, KeyError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            raise WeightSyncError(
+                f"{self.name}: malformed broadcast header ({exc}); the group's stream is out of step: "
+                "rebuild the weight-sync group before the next sync"
+            ) from exc
         streamed = SyncTicket(
             self.kind, version, overall_checksum(version, sums), buckets, sums, tuple(None for _ in buckets)
         )
         try:
             self._check_ticket(streamed)
         except Exception:
-            for metas in buckets:  # drain the stream so the sender is not left blocked
-                self._fetch(metas, None)
+            self._drain(streamed, 0)
             raise
         return super().receive(streamed, sink)
+
+    def _drain(self, ticket: SyncTicket, start: int) -> None:
+        """Take part in the remaining broadcasts so the sender is not left blocked."""
+        for metas in ticket.buckets[start:]:
+            self._fetch(metas, None)
 
     def confirm(self, ticket: SyncTicket, acks: Sequence[SyncAck], expected_receivers: int) -> None:
         """Check the acks (nothing to free)."""

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from unirl.train.algorithms import _diffusion as D
@@ -82,11 +82,15 @@ class MixGRPOConfig(FlowGRPOConfig):
 
     expected_schedule: ClassVar[str | None] = "sliding_window"
 
+    @model_validator(mode="after")
+    def _stride(self) -> MixGRPOConfig:
+        if self.window_stride > self.window_size:
+            raise ValueError(
+                f"mix_grpo.window_stride={self.window_stride} must be <= window_size={self.window_size}"
+            )
+        return self
+
     def sampling_overrides(self) -> dict[str, Any]:
-        require(
-            self.window_stride <= self.window_size,
-            f"mix_grpo.window_stride={self.window_stride} must be <= window_size={self.window_size}",
-        )
         schedule = SlidingWindow(
             size=self.window_size,
             overlap=self.window_size - self.window_stride,

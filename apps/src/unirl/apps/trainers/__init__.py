@@ -1,0 +1,1 @@
+"""Domain trainers: one short controller per domain."""
