@@ -46,8 +46,14 @@ def model_params() -> list[tuple[str, torch.Tensor]]:
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and bool(
-        torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and bool(
+            torch.equal(
+                a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
+            )
+        )
     )
 
 
@@ -81,9 +87,13 @@ class Harness:
     def __post_init__(self) -> None:
         self.sender = self.make_sender()
 
-    def sync(self, params: list[tuple[str, torch.Tensor]], version: int, sender: Any = None,
-             before_receive: Callable[[SyncTicket], None] | None = None
-             ) -> tuple[SyncTicket, SyncAck, dict[str, torch.Tensor]]:
+    def sync(
+        self,
+        params: list[tuple[str, torch.Tensor]],
+        version: int,
+        sender: Any = None,
+        before_receive: Callable[[SyncTicket], None] | None = None,
+    ) -> tuple[SyncTicket, SyncAck, dict[str, torch.Tensor]]:
         sender = sender or self.sender
         got: dict[str, torch.Tensor] = {}
         if self.streaming:
@@ -109,8 +119,12 @@ def _buckets() -> Harness:
         data[-1] ^= 0xFF  # last byte of tensor data (the header is at the front)
         store.blobs[ref] = bytes(data)
 
-    return Harness("tensor_buckets", lambda: TensorBucketSync(store, max_bucket_bytes=256),
-                   TensorBucketSync(store, max_bucket_bytes=256, name="engine"), corrupt)
+    return Harness(
+        "tensor_buckets",
+        lambda: TensorBucketSync(store, max_bucket_bytes=256),
+        TensorBucketSync(store, max_bucket_bytes=256, name="engine"),
+        corrupt,
+    )
 
 
 def _shm() -> Harness:
@@ -118,8 +132,12 @@ def _shm() -> Harness:
         seg = sender.segment(ticket.payload[-1])
         seg.buf[0] ^= 0xFF
 
-    return Harness("shared_memory", lambda: SharedMemoryWeightSync(max_bucket_bytes=256),
-                   SharedMemoryWeightSync(max_bucket_bytes=256, name="engine"), corrupt)
+    return Harness(
+        "shared_memory",
+        lambda: SharedMemoryWeightSync(max_bucket_bytes=256),
+        SharedMemoryWeightSync(max_bucket_bytes=256, name="engine"),
+        corrupt,
+    )
 
 
 def _lora() -> Harness:
@@ -137,9 +155,13 @@ def _broadcast() -> Harness:
     def corrupt(sender: Any, ticket: SyncTicket) -> None:
         recv_group.flip_next = True
 
-    return Harness("broadcast", lambda: BroadcastWeightSync(send_group, max_bucket_bytes=256),
-                   BroadcastWeightSync(recv_group, max_bucket_bytes=256, name="engine"), corrupt,
-                   streaming=True)
+    return Harness(
+        "broadcast",
+        lambda: BroadcastWeightSync(send_group, max_bucket_bytes=256),
+        BroadcastWeightSync(recv_group, max_bucket_bytes=256, name="engine"),
+        corrupt,
+        streaming=True,
+    )
 
 
 FACTORIES = {"tensor_buckets": _buckets, "shared_memory": _shm, "broadcast": _broadcast}
@@ -220,8 +242,11 @@ def test_skipped_version_rejected_when_consecutive_required() -> None:
 def test_lora_only_ships_adapters_and_refuses_zero_adapters() -> None:
     store = InProcessBlobStore()
     sender, receiver = LoraOnlySync(TensorBucketSync(store)), LoraOnlySync(TensorBucketSync(store))
-    params = [("q.base_layer.weight", torch.ones(4, 4)), ("q.lora_A.default.weight", torch.ones(2, 4)),
-              ("q.lora_B.default.weight", torch.zeros(4, 2))]
+    params = [
+        ("q.base_layer.weight", torch.ones(4, 4)),
+        ("q.lora_A.default.weight", torch.ones(2, 4)),
+        ("q.lora_B.default.weight", torch.zeros(4, 2)),
+    ]
     got: dict[str, torch.Tensor] = {}
     ack = receiver.receive(sender.send(params, 1), got.update)
     assert sorted(got) == ["q.lora_A.default.weight", "q.lora_B.default.weight"] and ack.num_tensors == 2

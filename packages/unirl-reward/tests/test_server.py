@@ -163,7 +163,7 @@ def test_cli_refuses_public_bind_without_token(tmp_path, monkeypatch, capsys):
 
 def test_client_retries_until_server_frees_up():
     scorer = GatedScorer()
-    with _serve(scorer, max_batch=1, max_queue_items=1, max_wait_ms=0) as h, ThreadPoolExecutor(2) as pool:
+    with _serve(scorer, max_batch=1, max_queue_items=1, max_wait_ms=0) as h, ThreadPoolExecutor(3) as pool:
         blocked = pool.submit(httpx.post, h.url + "/v1/score", json={"items": [{"response": "a"}]}, timeout=30)
         assert scorer.entered.wait(10)
         queued = pool.submit(httpx.post, h.url + "/v1/score", json={"items": [{"response": "b"}]}, timeout=30)

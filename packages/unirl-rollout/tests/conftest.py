@@ -10,3 +10,10 @@ def sd3_bundle():  # type: ignore[no-untyped-def]
     from unirl.rollout.models.sd3 import SD3Bundle
 
     return SD3Bundle.tiny(seed=0)
+
+
+@pytest.fixture(scope="session")
+def flux_bundle():  # type: ignore[no-untyped-def]
+    from unirl.rollout.models.flux import FluxBundle
+
+    return FluxBundle.tiny(seed=0)

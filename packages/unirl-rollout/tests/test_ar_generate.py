@@ -12,7 +12,10 @@ PROMPTS = ["12+7=", "a much longer prompt, to pad", "9*9=", "x"]
 
 
 def make_samples(prompts: list[str] = PROMPTS, prefix: str = "s") -> list[Sample]:
-    return [Sample(id=f"{prefix}{i}", group_id=f"g{i // 2}", inputs=[TextPrimitive(text=t)]) for i, t in enumerate(prompts)]
+    return [
+        Sample(id=f"{prefix}{i}", group_id=f"g{i // 2}", inputs=[TextPrimitive(text=t)])
+        for i, t in enumerate(prompts)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +160,9 @@ def test_bad_prompts_raise_naming_sample_and_value() -> None:
     with pytest.raises(ValueError, match=r"sample 'e1'.*empty \(''\)"):
         pipe.generate([Sample(id="e1", group_id="g", inputs=[TextPrimitive(text="")])], rollout_step=0)
     with pytest.raises(ValueError, match=r"sample 'long7'.*prompt is 16 tokens.*context window is 16"):
-        pipe.generate([Sample(id="long7", group_id="g", inputs=[TextPrimitive(text="x" * 16)])], rollout_step=0)
+        pipe.generate(
+            [Sample(id="long7", group_id="g", inputs=[TextPrimitive(text="x" * 16)])], rollout_step=0
+        )
     with pytest.raises(ValueError, match=r"sample 'n0' has no text input"):
         pipe.generate([Sample(id="n0", group_id="g")], rollout_step=0)
     with pytest.raises(ValueError, match="max_batch_size=0"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from unirl.rollout.ar import ARPipeline, CausalLMBundle, behavior_logprobs, loss_mask
+from unirl.rollout.ar import ARPipeline, CausalLMBundle, behavior_logprobs, build_char_tokenizer, loss_mask
 from unirl.types import ARSamplingParams, LatentTrajectory, Part, Sample, TextPrimitive, TextSegment
 
 PROMPTS = ["1+2=", "a longer prompt with more tokens", "33*3=", "?", "5-9=", "hello"]
@@ -20,7 +20,9 @@ def bundle() -> CausalLMBundle:
 def rollout(bundle: CausalLMBundle, **params: object) -> tuple[ARPipeline, list[Part]]:
     kw: dict[str, object] = {"max_new_tokens": 20, "temperature": 0.7, "top_k": 8, "top_p": 0.9, **params}
     pipe = ARPipeline(bundle, ARSamplingParams(**kw), sync_every=3)  # type: ignore[arg-type]
-    samples = [Sample(id=f"r{i}", group_id="g", inputs=[TextPrimitive(text=t)]) for i, t in enumerate(PROMPTS)]
+    samples = [
+        Sample(id=f"r{i}", group_id="g", inputs=[TextPrimitive(text=t)]) for i, t in enumerate(PROMPTS)
+    ]
     return pipe, [s.part("ar") for s in pipe.generate(samples, rollout_step=1)]
 
 
@@ -71,7 +73,9 @@ def test_replay_matches_unpadded_reference(bundle: CausalLMBundle) -> None:
     with torch.no_grad():
         got = pipe.replay_logprobs([part]).logp[0]
         logits = bundle.model(input_ids=torch.tensor([prompt + resp])).logits[0].float()
-    ref = torch.log_softmax(logits / T, -1)[len(prompt) - 1 : -1].gather(-1, torch.tensor(resp)[:, None])[:, 0]
+    ref = torch.log_softmax(logits / T, -1)[len(prompt) - 1 : -1].gather(-1, torch.tensor(resp)[:, None])[
+        :, 0
+    ]
     assert torch.allclose(got, ref, atol=1e-5, rtol=0)
 
 
@@ -113,7 +117,11 @@ def test_loss_mask_is_respected_and_padded(bundle: CausalLMBundle) -> None:
     pipe, parts = rollout(bundle, max_new_tokens=6)
     seg = parts[0].segment
     masked = parts[0].model_copy(
-        update={"segment": seg.model_copy(update={"loss_mask": torch.tensor([False, True] + [True] * (len(seg.response_ids) - 2))})}
+        update={
+            "segment": seg.model_copy(
+                update={"loss_mask": torch.tensor([False, True] + [True] * (len(seg.response_ids) - 2))}
+            )
+        }
     )
     m = loss_mask([masked, parts[1]])
     assert m[0].tolist()[:2] == [False, True]
@@ -125,8 +133,39 @@ def test_replay_rejects_non_text_parts(bundle: CausalLMBundle) -> None:
     pipe = ARPipeline(bundle, ARSamplingParams(max_new_tokens=4))
     with pytest.raises(TypeError, match=r"part 'ar' has segment kind None"):
         pipe.replay_logprobs([Part(name="ar")])
-    latent = LatentTrajectory(latents=torch.zeros(2, 1, 2), positions=[0, 1], sigmas=[1.0, 0.0], sde_indices=[0])
+    latent = LatentTrajectory(
+        latents=torch.zeros(2, 1, 2), positions=[0, 1], sigmas=[1.0, 0.0], sde_indices=[0]
+    )
     with pytest.raises(TypeError, match=r"segment kind 'latent'"):
         pipe.replay_logprobs([Part(name="diffusion", segment=latent)])
     with pytest.raises(ValueError, match="no stored log_probs"):
         behavior_logprobs([Part(name="sft", segment=TextSegment(prompt_ids=[1], response_ids=[2]))])
+
+
+def test_any_causal_lm_absolute_positions_gpt2() -> None:
+    # GPT-2 has learned absolute position embeddings, so unlike RoPE (shift-invariant) it fails
+    # unless sampling and replay both count positions over real tokens only.
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        vocab_size=len(tok),
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=96,
+        pad_token_id=0,
+        eos_token_id=2,
+        bos_token_id=3,
+    )
+    gpt2 = CausalLMBundle(GPT2LMHeadModel(cfg).eval(), tok)
+    assert gpt2.context_window == 96
+    pipe, parts = rollout(gpt2)
+    with torch.no_grad():
+        replay = pipe.replay_logprobs(parts)
+        one = pipe.replay_logprobs(parts[1:2])
+    ratio = torch.exp(replay.logp - behavior_logprobs(parts))[replay.mask]
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0)
+    n = len(parts[1].segment.response_ids)
+    assert torch.allclose(one.logp[0], replay.logp[1, :n], atol=1e-5, rtol=0)

@@ -65,7 +65,9 @@ def test_flow_grpo_first_update_ratio_is_one_and_loss_is_minus_mean_advantage():
     alg = FlowGRPOConfig(clip_range=1e-4).build()
     alg.prepare(parts, pipe)
     loss, m = alg.loss(parts, pipe, _totals(parts))
-    assert abs(m["ratio_mean"] - 1) < 1e-6 and abs(m["ratio_min"] - 1) < 1e-6 and abs(m["ratio_max"] - 1) < 1e-6
+    assert (
+        abs(m["ratio_mean"] - 1) < 1e-6 and abs(m["ratio_min"] - 1) < 1e-6 and abs(m["ratio_max"] - 1) < 1e-6
+    )
     assert m["clip_frac"] == 0.0 and m["approx_kl"] < 1e-12
     assert all(abs(m[f"log_ratio_step_{j}"]) < 1e-6 for j in range(4))
     # rho = 1 everywhere: l = -A per (sample, step); every sample has 4 steps -> loss = -mean(A)
@@ -78,9 +80,7 @@ def test_flow_grpo_gradient_at_rho_one_is_the_policy_gradient():
     alg = FlowGRPOConfig().build()
     _, grads, _ = _run(alg, parts, pipe, _totals(parts), [parts])
     pipe.module.zero_grad()
-    ref = sum(
-        (-torch.tensor(ADV[:4]) * pipe.replay_step(parts, j).log_prob).sum() for j in range(4)
-    ) / 16
+    ref = sum((-torch.tensor(ADV[:4]) * pipe.replay_step(parts, j).log_prob).sum() for j in range(4)) / 16
     ref.backward()
     for g, p in zip(grads, pipe.module.parameters()):
         torch.testing.assert_close(g, p.grad, atol=1e-6, rtol=1e-5)

@@ -57,7 +57,7 @@ def test_nft_contract_count_and_missing_old_policy():
 def test_nft_loss_matches_the_pure_function_after_an_update():
     pipe, parts, alg = _nft(k=2, beta=0.5)
     alg.prepare(parts, pipe)
-    old_module = copy.deepcopy(pipe.module)
+    old_pipe = copy.deepcopy(pipe)
     with torch.no_grad():
         pipe.module.bias.add_(0.3)  # the trainable policy moves away from the old one
     loss, m = alg.loss(parts[:3], pipe, _totals(alg, parts))
@@ -66,10 +66,9 @@ def test_nft_loss_matches_the_pure_function_after_an_update():
     for i, p in enumerate(parts[:3]):
         d = alg._draws[id(p)]
         x_clean = p.segment.latents[-1].expand_as(d.x_t)
-        torch.testing.assert_close(d.x_t, nft_noisy_latent(x_clean, (d.x_t - (1 - d.t.view(-1, 1, 1, 1)) * x_clean)
-                                                          / d.t.view(-1, 1, 1, 1), d.t))
+        assert set(d.t.tolist()) <= set(torch.tensor(p.segment.sigmas[:-1]).tolist())  # t from the grid
         conds = [p.conditions] * len(d.t)
-        v_old = FakeFlowPipeline.velocity(type("P", (), {"module": old_module, "calls": 0})(), d.x_t, d.t, conds, 1.0)
+        v_old = old_pipe.velocity(d.x_t, d.t, conds, 1.0)
         torch.testing.assert_close(d.v_old, v_old)  # v_old came from the old weights
         v = pipe.velocity(d.x_t, d.t, conds, 1.0)
         per.append(nft_sample_loss(v, v_old, d.x_t, x_clean, d.t, torch.full((2,), ADV[i]), beta=0.5))
@@ -122,9 +121,9 @@ def test_flow_sft_matches_the_pure_function_and_learns():
     x0 = torch.stack([p.segment.latents[-1] for p in parts])
     noise = torch.randn(x0.shape, generator=g)
     v = pipe.velocity(nft_noisy_latent(x0, noise, t), t, [p.conditions for p in parts], 1.0)
-    assert abs(loss.item() - flow_sft_sample_loss(v, x0, noise).mean().item()) < 1e-6
+    expected = flow_sft_sample_loss(v, x0, noise).mean().item()
+    assert abs(loss.item() - expected) < 1e-6 and abs(m["flow_mse"] - expected) < 1e-6
     # a few SGD steps lower the loss on fresh draws (averaged to damp the noise)
-    opt = torch.optim.SGD(pipe.module.parameters(), lr=0.05)
 
     def avg_loss():
         with torch.no_grad():
@@ -132,10 +131,17 @@ def test_flow_sft_matches_the_pure_function_and_learns():
 
     before = avg_loss()
     for _ in range(60):
-        opt.zero_grad()
-        alg.loss(parts, pipe, totals)[0].backward()
-        opt.step()
+        _sgd_step(pipe.module, alg.loss(parts, pipe, totals)[0], lr=0.05)
     assert avg_loss() < 0.8 * before
     with pytest.raises(ValueError, match="conditions"):
         parts[0].conditions = None
         alg.prepare(parts, pipe)
+
+
+def _sgd_step(module, loss, lr):
+    """Plain SGD by hand (torch.optim's first step imports torch._dynamo: seconds on a busy CPU)."""
+    module.zero_grad()
+    loss.backward()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.sub_(lr * p.grad)

@@ -26,7 +26,8 @@ def test_aggregation_worked(mode, expected):
     assert abs(out.item() - expected) < 1e-7
     # per-row shares with the same global totals add up to the full value
     rows = sum(
-        aggregate(LOSS[i : i + 1], MASK[i : i + 1], mode, num_tokens=4, num_samples=2, horizon=4) for i in range(2)
+        aggregate(LOSS[i : i + 1], MASK[i : i + 1], mode, num_tokens=4, num_samples=2, horizon=4)
+        for i in range(2)
     )
     assert abs(rows.item() - expected) < 1e-7
 
@@ -72,8 +73,12 @@ def test_micro_batch_invariance_1x8_vs_8x1(kind, mode):
     for i in range(8):
         n = int(lengths[i])  # each micro-batch is padded only to its own length
         lp = micro_logp[i : i + 1, :n]
-        part = aggregate(_token_losses(kind, lp, old[i : i + 1, :n], adv[i : i + 1], mask[i : i + 1, :n]),
-                         mask[i : i + 1, :n], mode, **totals)
+        part = aggregate(
+            _token_losses(kind, lp, old[i : i + 1, :n], adv[i : i + 1], mask[i : i + 1, :n]),
+            mask[i : i + 1, :n],
+            mode,
+            **totals,
+        )
         part.backward()
         total = total + part.detach()
     assert abs(total.item() - full.item()) < 1e-6
@@ -89,8 +94,12 @@ def test_gspo_micro_batch_invariance():
     total = 0.0
     for i in range(8):
         n = int(lengths[i])
-        part = gspo_sequence_loss(micro_logp[i : i + 1, :n], old[i : i + 1, :n], adv[i : i + 1],
-                                  mask[i : i + 1, :n], 3e-4, 4e-4)[0].sum() / 8
+        part = (
+            gspo_sequence_loss(
+                micro_logp[i : i + 1, :n], old[i : i + 1, :n], adv[i : i + 1], mask[i : i + 1, :n], 3e-4, 4e-4
+            )[0].sum()
+            / 8
+        )
         part.backward()
         total += part.item()
     assert abs(total - full.item()) < 1e-6

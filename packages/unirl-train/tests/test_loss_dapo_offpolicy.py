@@ -61,4 +61,6 @@ def test_decoupled_weight_truncate_and_mask():
 
 
 def test_token_nll():
-    torch.testing.assert_close(token_nll(torch.log(torch.tensor([0.5, 1.0]))), torch.tensor([math.log(2), 0.0]))
+    torch.testing.assert_close(
+        token_nll(torch.log(torch.tensor([0.5, 1.0]))), torch.tensor([math.log(2), 0.0])
+    )

@@ -14,7 +14,9 @@ from unirl.train.algorithms.losses.diffusion_nft import (
 
 def test_noisy_latent_and_mix_weight():
     # x_t = (1 - t) x0 + t eps: t = 0.5, x0 = 1, eps = -1 -> 0; t = 0.25, x0 = 0, eps = 2 -> 0.5
-    xt = nft_noisy_latent(torch.tensor([[1.0], [0.0]]), torch.tensor([[-1.0], [2.0]]), torch.tensor([0.5, 0.25]))
+    xt = nft_noisy_latent(
+        torch.tensor([[1.0], [0.0]]), torch.tensor([[-1.0], [2.0]]), torch.tensor([0.5, 0.25])
+    )
     torch.testing.assert_close(xt, torch.tensor([[0.0], [0.5]]))
     # r = clip(clip(A, -5, 5) / 5 / 2 + 0.5, 0, 1): -10 -> 0, -5 -> 0, 0 -> 0.5, 2.5 -> 0.75, 5 -> 1, 7 -> 1
     r = nft_mix_weight(torch.tensor([-10.0, -5.0, 0.0, 2.5, 5.0, 7.0]))
@@ -52,8 +54,15 @@ def test_nft_loss_worked_values_and_gradient():
 def test_nft_weight_floor_and_beta_validation():
     # perfect positive prediction: |x0+ - x0| = 0 -> w+ floored at 1e-5, loss term 0 (no NaN)
     v = torch.tensor([[2.0]])
-    loss = nft_sample_loss(v, v, torch.tensor([[0.5]]), torch.tensor([[0.0]]), torch.tensor([0.25]),
-                           torch.tensor([5.0]), beta=1.0)
+    loss = nft_sample_loss(
+        v,
+        v,
+        torch.tensor([[0.5]]),
+        torch.tensor([[0.0]]),
+        torch.tensor([0.25]),
+        torch.tensor([5.0]),
+        beta=1.0,
+    )
     assert loss.item() == 0.0
     with pytest.raises(ValueError, match="beta"):
         nft_sample_loss(v, v, v, v, torch.tensor([0.5]), torch.tensor([1.0]), beta=0.0)

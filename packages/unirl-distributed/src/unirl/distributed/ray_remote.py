@@ -16,13 +16,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from unirl.distributed.collective import Backend, default_backend, init_default_group, pick_master
 from unirl.distributed.errors import RemoteCallError, RemoteTimeoutError, WorkerDiedError
 from unirl.distributed.placement import Slab, allocate_slabs, plan_placement
 from unirl.distributed.rank import MeshShape, RankInfo, all_rank_infos
 from unirl.distributed.remote import Call, RemoteBase
+
+if TYPE_CHECKING:
+    from unirl.distributed.collective import Backend
 
 W = TypeVar("W")
 R = TypeVar("R")
@@ -38,10 +40,14 @@ class WorkerHost:
 
     def pick_master(self) -> tuple[str, int]:
         """Rendezvous address chosen on this host (called on rank 0)."""
+        from unirl.distributed.collective import pick_master  # torch: only for workers that use it
+
         return pick_master()
 
     def init_process_group(self, backend: Backend, addr: str, port: int, timeout_s: float) -> None:
         """Join the Remote's default torch.distributed group."""
+        from unirl.distributed.collective import init_default_group
+
         init_default_group(backend, addr, port, self.info.rank, self.info.world_size, timeout_s)
 
     def construct(self, factory: Callable[[RankInfo], Any]) -> None:
@@ -130,6 +136,10 @@ class RayRemote(RemoteBase[W]):
         self.call_timeout_s = call_timeout_s
         self._ranks = ranks
         self.hosts = hosts
+        self.bundles: list[int] = []
+        """Slab bundle (device index) of each worker."""
+        self.pids: list[int] = []
+        """OS process id of each worker (e.g. to kill one in a fault-injection test)."""
         self.slab = slab
         self._owns_slab = owns_slab
 
@@ -168,16 +178,19 @@ class RayRemote(RemoteBase[W]):
             for b, info in zip(bundles, ranks)
         ]
         remote: RayRemote[W] = cls(name, ranks, hosts, slab, share, owns, call_timeout_s)
+        remote.bundles = bundles
         try:
             if process_group:
                 addr, port = RayFuture([hosts[0].pick_master.remote()], [0], f"{name}.pick_master").result(
                     startup_timeout_s
                 )[0]
-                backend = default_backend(slab.device)
+                backend: Backend = "nccl" if slab.device == "gpu" else "gloo"
                 refs = [h.init_process_group.remote(backend, addr, port, startup_timeout_s) for h in hosts]
                 RayFuture(refs, range(len(hosts)), f"{name}.init_process_group").result(startup_timeout_s)
             refs = [h.construct.remote(factory) for h in hosts]
             RayFuture(refs, range(len(hosts)), f"{name}.construct").result(startup_timeout_s)
+            refs = [h.pid.remote() for h in hosts]
+            remote.pids = RayFuture(refs, range(len(hosts)), f"{name}.pid").result(startup_timeout_s)
         except BaseException:
             remote.shutdown()
             raise

@@ -185,7 +185,9 @@ class ScorerInfo(BaseModel):
     version: str
     weight: float
     modality: str
-    output_range: tuple[float, float]
+    output_range: tuple[float | None, float | None] = Field(
+        description="Inclusive [low, high] of the scorer's total; null where unbounded."
+    )
 
 
 class VersionResponse(BaseModel):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -141,9 +142,10 @@ def plan_buckets(metas: Sequence[TensorMeta], max_bucket_bytes: int) -> list[lis
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """The full (unsharded) value of ``t``: DTensor.full_tensor() for DTensors, else ``t``."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(t, DTensor):
+    dtensor_mod = sys.modules.get("torch.distributed.tensor")
+    if dtensor_mod is None:  # nobody imported DTensor (a ~5 s import), so ``t`` cannot be one
+        return t
+    if isinstance(t, dtensor_mod.DTensor):
         full: torch.Tensor = t.full_tensor()
         return full
     return t

@@ -35,10 +35,22 @@ class BroadcastWeightSync(BucketedWeightSync):
     kind = "broadcast"
     needs_ticket = False
 
-    def __init__(self, group: StandaloneGroup, **kw: Any) -> None:
-        super().__init__(is_source=kw.pop("is_source", group.rank == 0), **kw)
-        self.group = group
-        self.device = torch.device("cuda") if group.backend == "nccl" else torch.device("cpu")
+    def __init__(self, group: StandaloneGroup | None, **kw: Any) -> None:
+        """``group=None`` makes a gather-only participant: a trainer rank that is not the source
+        but must take part in the DTensor gathers."""
+        super().__init__(is_source=group is not None and group.rank == 0, **kw)
+        self._group = group
+        nccl = group is not None and group.backend == "nccl"
+        self.device = torch.device("cuda") if nccl else torch.device("cpu")
+
+    @property
+    def group(self) -> StandaloneGroup:
+        """The broadcast group (receivers and the source have one)."""
+        if self._group is None:
+            raise TypeError(
+                f"{self.name}: a gather-only participant (group=None) cannot send or receive data"
+            )
+        return self._group
 
     def _bcast_bytes(self, data: bytes | None) -> bytes:
         n = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64, device=self.device)
@@ -103,7 +115,11 @@ class BroadcastWeightSync(BucketedWeightSync):
             sums = tuple(str(c) for c in header["checksums"])
             if not isinstance(version, int) or len(sums) != len(buckets):
                 raise ValueError("version/checksums malformed")
-        except (ValueError, KeyError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+        ) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             raise WeightSyncError(
                 f"{self.name}: malformed broadcast header ({exc}); the group's stream is out of step: "
                 "rebuild the weight-sync group before the next sync"

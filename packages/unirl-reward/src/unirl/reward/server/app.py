@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -137,7 +138,7 @@ def create_app(
                 version=str(ws.scorer.version),
                 weight=ws.weight,
                 modality=ws.scorer.modality,
-                output_range=tuple(ws.scorer.output_range),
+                output_range=tuple(x if math.isfinite(x) else None for x in ws.scorer.output_range),
             )
             for ws in state["scorers"]
         ]

@@ -8,6 +8,7 @@ arithmetic world. ``save_pretrained`` writes a directory ``from_pretrained`` rea
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,8 @@ class CausalLMBundle:
         kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code}
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation
-        model = AutoModelForCausalLM.from_pretrained(str(path_or_id), **kwargs).to(device)
+        model = AutoModelForCausalLM.from_pretrained(str(path_or_id), **kwargs)
+        model = model.to(device)  # type: ignore[arg-type]  # transformers types .to as a wrapper
         tokenizer = AutoTokenizer.from_pretrained(
             str(tokenizer_path or path_or_id), trust_remote_code=trust_remote_code
         )
@@ -113,7 +115,7 @@ class CausalLMBundle:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = Qwen3ForCausalLM(config)
-        model = model.to(device=device, dtype=resolve_dtype(dtype))
+        model = model.to(device=device, dtype=resolve_dtype(dtype))  # type: ignore[call-arg]  # same wrapper typing
         return cls(model, tokenizer, use_chat_template=chat_template)
 
     def save_pretrained(self, directory: str | Path) -> Path:
@@ -181,6 +183,6 @@ class CausalLMBundle:
         add_special = not self.has_chat_template
         return list(self.tokenizer(rendered, add_special_tokens=add_special)["input_ids"])
 
-    def decode(self, ids: list[int] | tuple[int, ...]) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         """Response text with special tokens (EOS, padding) dropped."""
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -72,6 +73,7 @@ def decode(
     pad_token_id: int,
     stop_check: Callable[[list[int]], bool] | None = None,
     sync_every: int = 16,
+    lockstep_group: Any = None,
 ) -> DecodeOutput:
     """Sample up to ``limits[b]`` tokens for each prompt; ``uniforms_BN[b, t]`` drives step ``t``.
 
@@ -82,16 +84,26 @@ def decode(
         stop_check: host-side predicate on a row's tokens so far ("contains a stop string");
             called every ``sync_every`` steps for unfinished rows so the loop can end early. It
             only shortens the loop; the caller truncates at the exact stop position afterwards.
+        lockstep_group: a ``torch.distributed`` process group (or ``"world"``) whose ranks must
+            run the same number of forwards, e.g. when the model is FSDP-sharded and each forward
+            all-gathers weights. The ranks agree on the step budget (max over ranks) and leave
+            the loop together (when every rank is finished). Every rank must call ``decode`` the
+            same number of times. None: no communication.
     """
     device = next(model.parameters()).device
     B = len(prompts)
     N = max(limits)
+    group = _resolve_group(lockstep_group)
+    if group is not None:
+        N = _all_reduce_int(N, device, group, torch.distributed.ReduceOp.MAX)
     ids_BP, mask_BP = left_pad(prompts, pad_token_id, device)
     P = ids_BP.shape[1]
     attn_BL = torch.ones((B, P + N), dtype=torch.long, device=device)
     attn_BL[:, :P] = mask_BP
     pos_B = mask_BP.sum(-1)  # position of the first response token
     u_BN = uniforms_BN.to(device)
+    if u_BN.shape[1] < N:  # only with lockstep: the extra steps are past every local row's limit
+        u_BN = torch.cat([u_BN, u_BN.new_zeros(B, N - u_BN.shape[1])], dim=1)
     limits_B = torch.tensor(list(limits), dtype=torch.long, device=device)
     stop_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long, device=device)
     pad = torch.tensor(pad_token_id, dtype=torch.long, device=device)
@@ -129,7 +141,10 @@ def decode(
         if steps % sync_every == 0:
             if stop_check is not None:
                 _mark_stop_strings(tokens_BN[:, :steps], lengths_B, finished_B, stop_check)
-            if bool(finished_B.all()):
+            done = finished_B.all().to(torch.int32)
+            if group is not None:
+                torch.distributed.all_reduce(done, op=torch.distributed.ReduceOp.MIN, group=group)
+            if bool(done):
                 break
         out = model(
             input_ids=tok_B[:, None], attention_mask=attn_BL[:, : P + steps], position_ids=(pos_B + t)[:, None],
@@ -142,6 +157,20 @@ def decode(
         lengths=lengths_B.cpu(),
         stopped=stopped_B.cpu(),
     )
+
+
+def _resolve_group(group: Any) -> Any:
+    """None when no lockstep is wanted or there is a single process; the default group for "world"."""
+    if group is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return None
+    group = torch.distributed.group.WORLD if isinstance(group, str) and group == "world" else group
+    return group if torch.distributed.get_world_size(group) > 1 else None
+
+
+def _all_reduce_int(x: int, device: torch.device, group: Any, op: Any) -> int:
+    t = torch.tensor([x], dtype=torch.long, device=device)
+    torch.distributed.all_reduce(t, op=op, group=group)
+    return int(t.item())
 
 
 def _mark_stop_strings(

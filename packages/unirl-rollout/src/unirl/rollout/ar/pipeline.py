@@ -16,6 +16,7 @@ on the batch it shares, the batch order, or the device count.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 
@@ -44,6 +45,9 @@ class ARPipeline:
             Part's ``sampling_params.stop_token_ids``).
         max_batch_size: decode at most this many samples at once (None: all of a params group).
         sync_every: decode steps between host syncs (all-finished and stop-string checks).
+        lockstep_group: for sharded trainside sampling (FSDP): a process group, or ``"world"``,
+            whose ranks run the same number of decode forwards (see ``decode``). Each rank must
+            then pass the same number of samples with the same sampling params per call.
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class ARPipeline:
         stop_at_eos: bool = True,
         max_batch_size: int | None = None,
         sync_every: int = 16,
+        lockstep_group: Any = None,
     ) -> None:
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size} must be >= 1 (or None for no limit)")
@@ -70,6 +75,7 @@ class ARPipeline:
         self.stop_at_eos = stop_at_eos
         self.max_batch_size = max_batch_size
         self.sync_every = sync_every
+        self.lockstep_group = lockstep_group
 
     # ---- generation --------------------------------------------------------------------------
     def generate(self, samples: list[Sample], *, rollout_step: int) -> list[Sample]:
@@ -137,6 +143,7 @@ class ARPipeline:
             pad_token_id=self.bundle.pad_token_id,
             stop_check=has_stop if stops else None,
             sync_every=self.sync_every,
+            lockstep_group=self.lockstep_group,
         )
         for b, (_, part, prompt_ids) in enumerate(jobs):
             n = int(out.lengths[b])
@@ -148,7 +155,7 @@ class ARPipeline:
                 response, stopped = response[:n], True
             else:
                 text = decode_text(response)
-            finish = "stop" if stopped else "length"
+            finish: Literal["stop", "length"] = "stop" if stopped else "length"
             part.segment = TextSegment(
                 prompt_ids=prompt_ids,
                 response_ids=response,

@@ -35,6 +35,9 @@ class FlowBundle(Protocol):
     """The trainable module (wrap it for FSDP / LoRA in place; the bundle keeps calling it)."""
     dynamic_schedule: DynamicShiftSchedule
     """The model's resolution-dependent schedule, used when ``sampling_params.dynamic_shift``."""
+    embedded_guidance: bool
+    """True for guidance-distilled models (FLUX.1-dev): ``guidance_scale`` is fed to the model as
+    ``conditions["guidance"]`` [B] and no CFG batch is run. False: classifier-free guidance."""
 
     @property
     def device(self) -> torch.device: ...

@@ -43,6 +43,7 @@ class SD3Bundle:
         self.vae: AutoencoderKL = pipe.vae
         self.max_sequence_length = max_sequence_length
         self._device = torch.device(device)
+        self.embedded_guidance = False  # SD3 uses classifier-free guidance
         cfg = pipe.scheduler.config
         self.dynamic_schedule = DynamicShiftSchedule(
             base_shift=cfg.get("base_shift", 0.5) or 0.5,

@@ -140,6 +140,7 @@ class FlowMatchPipeline:
         ]
         sigmas = torch.tensor(params.sigmas, dtype=torch.float32, device=dev).expand(B, T + 1)
 
+        pos, neg = self._stack(conditions, params.guidance_scale)
         sde_set = set(sde_indices)
         keep = sorted({p for j in sde_indices for p in (j, j + 1)} | {T})
         stored: dict[int, Tensor] = {}
@@ -148,7 +149,7 @@ class FlowMatchPipeline:
         for j in range(T):
             if j in keep:
                 stored[j] = x.cpu()
-            v = self._guided_velocity(x, sigmas[:, j], conditions, params.guidance_scale)
+            v = self._forward(x, sigmas[:, j], pos, neg, params.guidance_scale)
             if j in sde_set:
                 z = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in step_gens]).to(
                     dev
@@ -189,7 +190,7 @@ class FlowMatchPipeline:
         unique = list(dict.fromkeys(texts))
         encoded = dict(zip(unique, self.bundle.encode_prompts(unique)))
         neg: Conditions | None = None
-        if params.cfg:
+        if params.cfg and not getattr(self.bundle, "embedded_guidance", False):
             if params.negative_prompt not in self._negative_cache:
                 self._negative_cache[params.negative_prompt] = self.bundle.encode_prompts(
                     [params.negative_prompt]
@@ -204,21 +205,43 @@ class FlowMatchPipeline:
         return out
 
     # ---- model call ---------------------------------------------------------------------------
-    def _guided_velocity(
-        self, x: Tensor, sigma: Tensor, conditions: Sequence[Conditions], guidance: float
-    ) -> Tensor:
-        """Velocity with CFG ``v_u + w (v_c - v_u)`` when w > 1, cond and uncond in ONE forward."""
+    def _stack(
+        self, conditions: Sequence[Conditions], guidance: float
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor] | None]:
+        """Batched (positive, negative-or-None) conditions on the bundle's device and dtype."""
         b = self.bundle
         keys = [k for k in conditions[0].tensors if not k.startswith(NEGATIVE_PREFIX)]
         pos = stack_conditions(conditions, keys, b.device, b.dtype)
-        x_in = x.to(b.dtype)
+        if getattr(b, "embedded_guidance", False):
+            pos["guidance"] = torch.full(
+                (len(conditions),), float(guidance), device=b.device, dtype=torch.float32
+            )
+            return pos, None
         if guidance <= 1.0:
-            return b.predict_velocity(x_in, sigma, pos)
+            return pos, None
         neg = stack_conditions(conditions, keys, b.device, b.dtype, prefix=NEGATIVE_PREFIX)
-        both = {k: torch.cat([neg[k], pos[k]]) for k in keys}
-        out = b.predict_velocity(torch.cat([x_in, x_in]), torch.cat([sigma, sigma]), both)
+        return pos, neg
+
+    def _forward(
+        self, x: Tensor, sigma: Tensor, pos: dict[str, Tensor], neg: dict[str, Tensor] | None, guidance: float
+    ) -> Tensor:
+        """Velocity with CFG ``v_u + w (v_c - v_u)`` when ``neg`` is given, cond and uncond in ONE forward.
+
+        A bundle with ``embedded_guidance`` (FLUX.1-dev) instead gets ``conditions["guidance"]`` = w [B].
+        """
+        x_in = x.to(self.bundle.dtype)
+        if neg is None:
+            return self.bundle.predict_velocity(x_in, sigma, pos)
+        both = {k: torch.cat([neg[k], pos[k]]) for k in pos}
+        out = self.bundle.predict_velocity(torch.cat([x_in, x_in]), torch.cat([sigma, sigma]), both)
         v_u, v_c = out.chunk(2)
         return v_u + guidance * (v_c - v_u)
+
+    def _guided_velocity(
+        self, x: Tensor, sigma: Tensor, conditions: Sequence[Conditions], guidance: float
+    ) -> Tensor:
+        pos, neg = self._stack(conditions, guidance)
+        return self._forward(x, sigma, pos, neg, guidance)
 
     def velocity(
         self, latents: Tensor, sigma: Tensor, conditions: Sequence[Conditions], guidance: float

@@ -25,10 +25,16 @@ from unirl.types import Part
 class OffPolicyConfig(AlgorithmConfigBase):
     """Decoupled-PPO correction between the behaviour (engine) and proximal (trainer) policies."""
 
-    mode: OffPolicyMode = Field(description="'truncate': weight min(w, cap); 'mask': drop w outside [c_min, c_max].")
+    mode: OffPolicyMode = Field(
+        description="'truncate': weight min(w, cap); 'mask': drop w outside [c_min, c_max]."
+    )
     cap: float | None = Field(default=None, gt=0.0, description="truncate: the cap C (e.g. 2.0).")
-    c_min: float | None = Field(default=None, ge=0.0, description="mask: lower bound of kept weights (e.g. 0.5).")
-    c_max: float | None = Field(default=None, gt=0.0, description="mask: upper bound of kept weights (e.g. 2.0).")
+    c_min: float | None = Field(
+        default=None, ge=0.0, description="mask: lower bound of kept weights (e.g. 0.5)."
+    )
+    c_max: float | None = Field(
+        default=None, gt=0.0, description="mask: upper bound of kept weights (e.g. 2.0)."
+    )
     level: OffPolicyLevel = Field(default="token", description="token weights or one weight per sequence.")
 
     @model_validator(mode="after")
@@ -51,7 +57,9 @@ class ARPolicyConfig(AlgorithmConfigBase):
     horizon: int | None = Field(
         default=None, ge=1, description="constant H of 'seq-mean-token-sum-norm' (e.g. max_new_tokens)."
     )
-    kl_coef: float = Field(default=0.0, ge=0.0, description="weight of the KL penalty to the reference (0 = off).")
+    kl_coef: float = Field(
+        default=0.0, ge=0.0, description="weight of the KL penalty to the reference (0 = off)."
+    )
     kl_estimator: KLEstimator = Field(default="k3", description="per-token KL estimator: k1, k2, k3, k3+.")
     old_logprobs: Literal["rollout", "recompute"] = Field(
         default="rollout",
@@ -59,7 +67,8 @@ class ARPolicyConfig(AlgorithmConfigBase):
         "(needed when the engine's numerics differ from the trainer's).",
     )
     off_policy: OffPolicyConfig | None = Field(
-        default=None, description="decoupled-PPO weights exp(logp_prox - logp_behav); needs old_logprobs='recompute'."
+        default=None,
+        description="decoupled-PPO weights exp(logp_prox - logp_behav); needs old_logprobs='recompute'.",
     )
     prepare_batch_size: int = Field(default=8, ge=1, description="Parts per no-grad replay when recomputing.")
 
@@ -111,7 +120,9 @@ class ARPolicyAlgorithm:
         segs = [text_segment(p, self.name) for p in parts]
         if cfg.old_logprobs == "rollout" or cfg.off_policy is not None:
             missing = [p.name for p, s in zip(parts, segs) if s.log_probs is None]
-            require(not missing, f"{self.name}: parts {missing[:3]} have no stored log_probs (sampler log-probs)")
+            require(
+                not missing, f"{self.name}: parts {missing[:3]} have no stored log_probs (sampler log-probs)"
+            )
         require(
             cfg.kl_coef == 0.0 or self.reference is not None,
             f"{self.name}.kl_coef={cfg.kl_coef} needs a reference policy: call algorithm.set_reference("
@@ -139,7 +150,9 @@ class ARPolicyAlgorithm:
         require(behav is not None, f"{self.name}: a part has no stored log_probs")
         return behav, behav  # type: ignore[return-value]
 
-    def loss(self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals) -> tuple[Tensor, dict[str, float]]:
+    def loss(
+        self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals
+    ) -> tuple[Tensor, dict[str, float]]:
         cfg = self.config
         rep = pipeline.replay_logprobs(parts)
         logp, mask = rep.logp.float(), rep.mask.bool()
@@ -149,19 +162,33 @@ class ARPolicyAlgorithm:
         loss_bt, ratio = self.token_loss(logp, old, adv, mask)
         metrics: dict[str, float] = {}
         if cfg.off_policy is not None:
+            if behav is None:
+                raise ValueError(f"{self.name}: off_policy needs the sampler's log_probs on every part")
             op = cfg.off_policy
             w = decoupled_weight(
-                old, behav, mask, op.mode, cap=op.cap, c_min=op.c_min, c_max=op.c_max, level=op.level  # type: ignore[arg-type]
+                old,
+                behav,
+                mask,
+                op.mode,
+                cap=op.cap,
+                c_min=op.c_min,
+                c_max=op.c_max,
+                level=op.level,
             )
             loss_bt = loss_bt * w
             metrics["is_weight_mean"] = (w.sum() / mask.sum().clamp_min(1)).item()
         if cfg.kl_coef > 0:
-            ref = self.reference.replay_logprobs(parts).logp.detach().float()  # type: ignore[union-attr]
+            with torch.no_grad():
+                ref = self.reference.replay_logprobs(parts).logp.detach().float()  # type: ignore[union-attr]
             kl = kl_estimate(logp, ref, cfg.kl_estimator)
             loss_bt = loss_bt + cfg.kl_coef * kl
             metrics["kl"] = (kl.detach() * mask).sum().item() / max(int(mask.sum()), 1)
         loss = aggregate(
-            loss_bt, mask, cfg.loss_agg_mode, num_tokens=totals.num_tokens, num_samples=totals.num_samples,
+            loss_bt,
+            mask,
+            cfg.loss_agg_mode,
+            num_tokens=totals.num_tokens,
+            num_samples=totals.num_samples,
             horizon=cfg.horizon,
         )
         metrics.update(ratio_stats(ratio, mask))

@@ -64,7 +64,9 @@ def checked_log_prob(rep: StepReplayLike, parts: Sequence[Part], step: int, algo
     return rep.log_prob
 
 
-def check_trainable(parts: Sequence[Part], algorithm: str, *, needs_log_probs: bool) -> list[LatentTrajectory]:
+def check_trainable(
+    parts: Sequence[Part], algorithm: str, *, needs_log_probs: bool
+) -> list[LatentTrajectory]:
     """The LatentTrajectories of ``parts``; errors name the Part when one cannot be trained."""
     segs = [latent_segment(p, algorithm) for p in parts]
     for p, seg in zip(parts, segs):

@@ -44,7 +44,9 @@ class StageAlgorithm(Protocol):
         """Once per rollout shard, under no_grad: freeze what pi_old needs (e.g. old means)."""
         ...
 
-    def loss(self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals) -> tuple[Tensor, dict[str, float]]:
+    def loss(
+        self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals
+    ) -> tuple[Tensor, dict[str, float]]:
         """This micro-batch's share of the mini-batch loss and its metrics."""
         ...
 
@@ -67,7 +69,9 @@ class DiffusionReplayer(Protocol):
 class VelocityModel(Protocol):
     """The part of a flow-matching pipeline DiffusionNFT and flow SFT use."""
 
-    def velocity(self, latents: Tensor, sigma: Tensor, conditions: list[Conditions], guidance: float) -> Tensor: ...
+    def velocity(
+        self, latents: Tensor, sigma: Tensor, conditions: list[Conditions], guidance: float
+    ) -> Tensor: ...
 
 
 class TokenReplayLike(Protocol):

@@ -38,13 +38,21 @@ class DiffusionNFTConfig(AlgorithmConfigBase):
     """DiffusionNFT (Zheng et al. 2025): negative-aware fine-tuning on the forward process."""
 
     kind: Literal["diffusion_nft"] = "diffusion_nft"
-    beta: float = Field(default=1.0, gt=0.0, description="strength of the implicit positive/negative policies.")
-    adv_max: float = Field(default=NFT_ADV_MAX, gt=0.0, description="Amax: advantage clip for r, and loss scale.")
+    beta: float = Field(
+        default=1.0, gt=0.0, description="strength of the implicit positive/negative policies."
+    )
+    adv_max: float = Field(
+        default=NFT_ADV_MAX, gt=0.0, description="Amax: advantage clip for r, and loss scale."
+    )
     timesteps_per_sample: int | None = Field(
         default=None, ge=1, description="t draws per Part from its sampling grid (None = every grid point)."
     )
-    guidance_scale: float = Field(default=1.0, ge=0.0, description="CFG weight of both velocities (NFT is CFG-free: 1).")
-    ema_rate: float = Field(default=0.001, gt=0.0, description="old-policy decay ramp: d = min(rate * step, cap).")
+    guidance_scale: float = Field(
+        default=1.0, ge=0.0, description="CFG weight of both velocities (NFT is CFG-free: 1)."
+    )
+    ema_rate: float = Field(
+        default=0.001, gt=0.0, description="old-policy decay ramp: d = min(rate * step, cap)."
+    )
     ema_cap: float = Field(default=0.5, ge=0.0, lt=1.0, description="old-policy decay cap.")
     prepare_batch_size: int = Field(default=8, ge=1, description="Parts per no-grad old-velocity evaluation.")
     seed: int = Field(default=0, ge=0, description="seed of the t / noise draws.")
@@ -125,13 +133,22 @@ class DiffusionNFT:
                 offset = 0
                 for p, tp, xp, xc in chunk:
                     k = len(tp)
-                    self._draws[id(p)] = _Draws(tp.to(dev), xp.to(dev), xc.to(dev), v_old[offset : offset + k])
+                    self._draws[id(p)] = _Draws(
+                        tp.to(dev), xp.to(dev), xc.to(dev), v_old[offset : offset + k]
+                    )
                     offset += k
 
-    def loss(self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals) -> tuple[Tensor, dict[str, float]]:
-        require(totals.num_steps > 0, f"{self.name}: BatchTotals.num_steps is 0 (use algorithm.count for totals)")
+    def loss(
+        self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals
+    ) -> tuple[Tensor, dict[str, float]]:
+        require(
+            totals.num_steps > 0, f"{self.name}: BatchTotals.num_steps is 0 (use algorithm.count for totals)"
+        )
         missing = [p.name for p in parts if id(p) not in self._draws]
-        require(not missing, f"{self.name}: parts {missing[:3]} were not prepared; call prepare() on the shard first")
+        require(
+            not missing,
+            f"{self.name}: parts {missing[:3]} were not prepared; call prepare() on the shard first",
+        )
         draws = [self._draws[id(p)] for p in parts]
         x_t, t, conds = _flatten([(d.t, d.x_t, p) for d, p in zip(draws, parts)], self.name)
         v_old = torch.cat([d.v_old for d in draws])
@@ -150,11 +167,15 @@ class DiffusionNFT:
 
 def _conditions(part: Part, algorithm: str) -> Conditions:
     if part.conditions is None:
-        raise ValueError(f"{algorithm}: part {part.name!r} has no conditions; the rollout must store them for replay")
+        raise ValueError(
+            f"{algorithm}: part {part.name!r} has no conditions; the rollout must store them for replay"
+        )
     return part.conditions
 
 
-def _flatten(items: Sequence[tuple[Tensor, Tensor, Part]], algorithm: str) -> tuple[Tensor, Tensor, list[Conditions]]:
+def _flatten(
+    items: Sequence[tuple[Tensor, Tensor, Part]], algorithm: str
+) -> tuple[Tensor, Tensor, list[Conditions]]:
     """Concatenate per-Part draws into one batch: ``x_t [N, ...]``, ``t [N]``, conditions repeated."""
     x_t = torch.cat([x for _, x, _ in items])
     t = torch.cat([tt for tt, _, _ in items])

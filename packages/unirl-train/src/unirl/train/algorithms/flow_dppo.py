@@ -27,12 +27,16 @@ class FlowDPPOConfig(AlgorithmConfigBase):
 
     kind: Literal["flow_dppo"] = "flow_dppo"
     tau: float = Field(
-        default=1e-5, gt=0.0, description="divergence threshold: elements with D >= tau moving away are masked."
+        default=1e-5,
+        gt=0.0,
+        description="divergence threshold: elements with D >= tau moving away are masked.",
     )
     recompute_old_means: bool = Field(
         default=False, description="recompute old means in prepare even when the rollout stored them."
     )
-    prepare_batch_size: int = Field(default=8, ge=1, description="Parts per no-grad replay when computing old means.")
+    prepare_batch_size: int = Field(
+        default=8, ge=1, description="Parts per no-grad replay when computing old means."
+    )
 
     def build(self) -> FlowDPPO:
         return FlowDPPO(self)
@@ -50,10 +54,16 @@ class FlowDPPO:
     def prepare(self, parts: Sequence[Part], pipeline: Any) -> None:
         D.check_trainable(parts, self.name, needs_log_probs=True)
         D.fill_old_means(
-            parts, pipeline, self.config.prepare_batch_size, self.name, recompute=self.config.recompute_old_means
+            parts,
+            pipeline,
+            self.config.prepare_batch_size,
+            self.name,
+            recompute=self.config.recompute_old_means,
         )
 
-    def loss(self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals) -> tuple[Tensor, dict[str, float]]:
+    def loss(
+        self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals
+    ) -> tuple[Tensor, dict[str, float]]:
         segs = D.check_trainable(parts, self.name, needs_log_probs=True)
         require(totals.num_steps > 0, f"{self.name}: BatchTotals.num_steps is 0; no SDE step to train on")
         missing = [p.name for p, s in zip(parts, segs) if s.sde_indices and s.old_means is None]
@@ -77,9 +87,10 @@ class FlowDPPO:
             divs.append(div)
             keeps.append(keep)
             metrics[f"log_ratio_step_{g.step}"] = log_ratio.mean().item()
-        require(total is not None, f"{self.name}: no part in this micro-batch has an SDE step to train on")
+        if total is None:
+            raise ValueError(f"{self.name}: no part in this micro-batch has an SDE step to train on")
         metrics.update(ratio_stats(torch.cat(ratios)))
         metrics["approx_kl"] = approx_kl(torch.cat(log_ratios)).item()
         metrics["divergence"] = torch.cat(divs).mean().item()
         metrics["mask_frac"] = 1.0 - torch.cat(keeps).float().mean().item()
-        return total / totals.num_steps, metrics  # type: ignore[operator]
+        return total / totals.num_steps, metrics

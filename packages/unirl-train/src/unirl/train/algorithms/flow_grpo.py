@@ -36,7 +36,9 @@ class FlowGRPOConfig(AlgorithmConfigBase):
         default=1e-4, gt=0.0, lt=1.0, description="eps of clip(rho, 1 - eps, 1 + eps); 1e-4 (1e-5 for CPS)."
     )
     kl_coef: float = Field(
-        default=0.0, ge=0.0, description="weight of the exact Gaussian KL to the reference (0 = off; e.g. 0.04)."
+        default=0.0,
+        ge=0.0,
+        description="weight of the exact Gaussian KL to the reference (0 = off; e.g. 0.04).",
     )
     grpo_guard: bool = Field(
         default=False,
@@ -44,9 +46,12 @@ class FlowGRPOConfig(AlgorithmConfigBase):
         "before clipping. Needs the old means (recorded at rollout or computed in prepare).",
     )
     recompute_old_means: bool = Field(
-        default=False, description="with grpo_guard: recompute old means in prepare even if the rollout stored them."
+        default=False,
+        description="with grpo_guard: recompute old means in prepare even if the rollout stored them.",
     )
-    prepare_batch_size: int = Field(default=8, ge=1, description="Parts per no-grad replay when computing old means.")
+    prepare_batch_size: int = Field(
+        default=8, ge=1, description="Parts per no-grad replay when computing old means."
+    )
 
     expected_strategy: ClassVar[str | None] = None
     expected_schedule: ClassVar[str | None] = None
@@ -125,9 +130,13 @@ class FlowGRPO:
             "algorithm.set_reference(ContextReference(pipeline, backend.reference_weights)) or set kl_coef=0",
         )
         if cfg.grpo_guard:
-            D.fill_old_means(parts, pipeline, cfg.prepare_batch_size, self.name, recompute=cfg.recompute_old_means)
+            D.fill_old_means(
+                parts, pipeline, cfg.prepare_batch_size, self.name, recompute=cfg.recompute_old_means
+            )
 
-    def loss(self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals) -> tuple[Tensor, dict[str, float]]:
+    def loss(
+        self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals
+    ) -> tuple[Tensor, dict[str, float]]:
         cfg = self.config
         segs = D.check_trainable(parts, self.name, needs_log_probs=True)
         require(totals.num_steps > 0, f"{self.name}: BatchTotals.num_steps is 0; no SDE step to train on")
@@ -146,16 +155,18 @@ class FlowGRPO:
             ratio = torch.exp(log_ratio)
             per = clipped_surrogate(ratio, adv, cfg.clip_range, cfg.clip_range)
             if cfg.kl_coef > 0:
-                ref = self.reference.replay_step(sub, g.step)  # type: ignore[union-attr]
-                kl = gaussian_mean_kl(rep.mean, ref.mean.detach(), rep.std.detach())
+                with torch.no_grad():
+                    ref_mean = self.reference.replay_step(sub, g.step).mean  # type: ignore[union-attr]
+                kl = gaussian_mean_kl(rep.mean, ref_mean, rep.std.detach())
                 per = per + cfg.kl_coef * kl
                 kls.append(kl.detach())
             total = per.sum() if total is None else total + per.sum()
             log_ratios.append(log_ratio.detach())
             ratios.append(ratio.detach())
             metrics[f"log_ratio_step_{g.step}"] = log_ratio.detach().mean().item()
-        require(total is not None, f"{self.name}: no part in this micro-batch has an SDE step to train on")
-        loss = total / totals.num_steps  # type: ignore[operator]
+        if total is None:
+            raise ValueError(f"{self.name}: no part in this micro-batch has an SDE step to train on")
+        loss = total / totals.num_steps
         r, lr = torch.cat(ratios), torch.cat(log_ratios)
         metrics.update(ratio_stats(r))
         metrics["clip_frac"] = clip_fraction(r, cfg.clip_range, cfg.clip_range).item()

@@ -30,8 +30,12 @@ class FlowSFTConfig(AlgorithmConfigBase):
         default="logit_normal", description="distribution of t in (0, 1) (SD3 uses logit_normal)."
     )
     logit_mean: float = Field(default=0.0, description="logit_normal: mean of the normal before the sigmoid.")
-    logit_std: float = Field(default=1.0, gt=0.0, description="logit_normal: std of the normal before the sigmoid.")
-    guidance_scale: float = Field(default=1.0, ge=0.0, description="CFG weight at training (1 = conditional only).")
+    logit_std: float = Field(
+        default=1.0, gt=0.0, description="logit_normal: std of the normal before the sigmoid."
+    )
+    guidance_scale: float = Field(
+        default=1.0, ge=0.0, description="CFG weight at training (1 = conditional only)."
+    )
     seed: int = Field(default=0, ge=0, description="seed of the t / noise draws.")
 
     def build(self) -> FlowSFT:
@@ -51,9 +55,13 @@ class FlowSFT:
     def prepare(self, parts: Sequence[Part], pipeline: Any) -> None:
         for p in parts:
             latent_segment(p, self.name)
-            require(p.conditions is not None, f"{self.name}: part {p.name!r} has no conditions (text embeddings)")
+            require(
+                p.conditions is not None, f"{self.name}: part {p.name!r} has no conditions (text embeddings)"
+            )
 
-    def loss(self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals) -> tuple[Tensor, dict[str, float]]:
+    def loss(
+        self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals
+    ) -> tuple[Tensor, dict[str, float]]:
         require(totals.num_samples > 0, f"{self.name}: BatchTotals.num_samples is 0")
         cfg = self.config
         x0 = torch.stack([as_tensor(latent_segment(p, self.name).latents)[-1].float() for p in parts])

@@ -36,7 +36,9 @@ class OverlongConfig(AlgorithmConfigBase):
     @model_validator(mode="after")
     def _buffer(self) -> OverlongConfig:
         if self.buffer > self.max_length:
-            raise ValueError(f"overlong.buffer={self.buffer} must be <= overlong.max_length={self.max_length}")
+            raise ValueError(
+                f"overlong.buffer={self.buffer} must be <= overlong.max_length={self.max_length}"
+            )
         return self
 
 
@@ -52,13 +54,22 @@ class GRPOConfig(ARPolicyConfig):
     @classmethod
     def dapo(cls, **overrides: Any) -> GRPOConfig:
         """DAPO: clip-higher 0.2 / 0.28, token-mean, no KL (overlong shaping: pass ``overlong=``)."""
-        base: dict[str, Any] = {"eps_low": 0.2, "eps_high": 0.28, "loss_agg_mode": "token-mean", "kl_coef": 0.0}
+        base: dict[str, Any] = {
+            "eps_low": 0.2,
+            "eps_high": 0.28,
+            "loss_agg_mode": "token-mean",
+            "kl_coef": 0.0,
+        }
         return cls(**{**base, **overrides})
 
     @classmethod
     def dr_grpo(cls, horizon: int, **overrides: Any) -> GRPOConfig:
         """Dr.GRPO: token sums over a constant horizon (pair with AdvantageConfig(mode='mean_only'))."""
-        base: dict[str, Any] = {"loss_agg_mode": "seq-mean-token-sum-norm", "horizon": horizon, "kl_coef": 0.0}
+        base: dict[str, Any] = {
+            "loss_agg_mode": "seq-mean-token-sum-norm",
+            "horizon": horizon,
+            "kl_coef": 0.0,
+        }
         return cls(**{**base, **overrides})
 
     def build(self) -> GRPO:
@@ -94,7 +105,12 @@ class GRPO(ARPolicyAlgorithm):
             n = len(text_segment(p, self.name).response_ids)
             truncated = p.status == "truncated"
             total = shape_reward(
-                p.reward.total, n, truncated, ov.truncation, max_length=ov.max_length, buffer=ov.buffer,
+                p.reward.total,
+                n,
+                truncated,
+                ov.truncation,
+                max_length=ov.max_length,
+                buffer=ov.buffer,
                 factor=ov.factor,
             )
             comps = {**p.reward.components, "overlong": total - p.reward.total}

@@ -23,7 +23,9 @@ class GSPOConfig(ARPolicyConfig):
     kind: Literal["gspo"] = "gspo"
     eps_low: float = Field(default=3e-4, gt=0.0, lt=1.0, description="lower clip of the sequence ratio.")
     eps_high: float = Field(default=4e-4, gt=0.0, description="upper clip of the sequence ratio.")
-    loss_agg_mode: AggregationMode = Field(default="seq-mean-token-mean", description="GSPO uses seq-mean-token-mean.")
+    loss_agg_mode: AggregationMode = Field(
+        default="seq-mean-token-mean", description="GSPO uses seq-mean-token-mean."
+    )
 
     def build(self) -> GSPO:
         return GSPO(self)

@@ -57,7 +57,9 @@ class FakeFlowPipeline:
             self.module = nn.Linear(d + emb_dim + 1, d)
         self.calls = 0
 
-    def velocity(self, latents: Tensor, sigma: Tensor, conditions: Sequence[Conditions], guidance: float) -> Tensor:
+    def velocity(
+        self, latents: Tensor, sigma: Tensor, conditions: Sequence[Conditions], guidance: float
+    ) -> Tensor:
         self.calls += 1
         x = latents.float().flatten(1)
         emb = torch.stack([as_tensor(c["emb"]).float() for c in conditions])
@@ -94,13 +96,16 @@ class FakeFlowPipeline:
         conds = [Conditions(tensors={"emb": emb[b]}) for b in range(n)]
         x = torch.randn(n, *self.latent_shape, generator=g)
         sig = torch.tensor(sigmas, dtype=torch.float32)
-        lats, lps, means = [x], [], []
+        lats: list[Tensor] = [x]
+        lps: list[Tensor] = []
+        means: list[Tensor] = []
         for j in range(num_steps):
             v = self.velocity(x, sig[j].expand(n), conds, 1.0)
             if j in sde:
                 z = torch.randn(x.shape, generator=g)
                 r = flow_sde_step(x, v, sig[j], sig[j + 1], eta, sigma_at_one=sig[1], noise=z)
-                lps.append(r.log_prob)
+                if r.log_prob is not None:
+                    lps.append(r.log_prob)
                 means.append(r.mean)
             else:
                 r = ode_step(x, v, sig[j], sig[j + 1])
@@ -120,8 +125,14 @@ class FakeFlowPipeline:
             )
             adv = None if advantages is None else float(advantages[b])
             parts.append(
-                Part(name="diffusion", segment=seg, conditions=conds[b], sampling_params=params, advantage=adv,
-                     status="completed")
+                Part(
+                    name="diffusion",
+                    segment=seg,
+                    conditions=conds[b],
+                    sampling_params=params,
+                    advantage=adv,
+                    status="completed",
+                )
             )
         return parts
 
@@ -143,15 +154,16 @@ class FakeTokenPipeline:
     def replay_logprobs(self, parts: Sequence[Part]) -> FakeTokenReplay:
         segs: list[TextSegment] = [p.segment for p in parts]  # type: ignore[misc]
         T = max(len(s.response_ids) for s in segs)
-        logp = torch.zeros(len(parts), T)
         mask = torch.zeros(len(parts), T, dtype=torch.bool)
         rows = []
+        tables: dict[float, Tensor] = {}
         for b, (p, s) in enumerate(zip(parts, segs)):
             temp = p.sampling_params.temperature if isinstance(p.sampling_params, ARSamplingParams) else 1.0
             ids = [s.prompt_ids[-1], *s.response_ids]
             n = len(s.response_ids)
-            table = self._logp_table(temp)
-            row = table[torch.tensor(ids[:-1]), torch.tensor(ids[1:])]
+            if temp not in tables:
+                tables[temp] = self._logp_table(temp)
+            row = tables[temp][torch.tensor(ids[:-1]), torch.tensor(ids[1:])]
             rows.append(torch.nn.functional.pad(row, (0, T - n)))
             mask[b, :n] = True if s.loss_mask is None else as_tensor(s.loss_mask).bool()
         logp = torch.stack(rows)
@@ -181,16 +193,22 @@ class FakeTokenPipeline:
                 lps.append(float(table[prev, tok]))
                 prev = tok
             seg = TextSegment(
-                prompt_ids=prompt, response_ids=resp, log_probs=torch.tensor(lps, dtype=torch.float32),
+                prompt_ids=prompt,
+                response_ids=resp,
+                log_probs=torch.tensor(lps, dtype=torch.float32),
                 loss_mask=torch.ones(len(resp), dtype=torch.bool),
                 finish_reason="stop",
             )
             adv = None if advantages is None else float(advantages[b])
-            parts.append(Part(name="ar", segment=seg, sampling_params=params, advantage=adv, status="completed"))
+            parts.append(
+                Part(name="ar", segment=seg, sampling_params=params, advantage=adv, status="completed")
+            )
         return parts
 
 
-def check_stage_algorithm(algorithm: StageAlgorithm, parts: Sequence[Part], pipeline: object, totals: BatchTotals) -> None:
+def check_stage_algorithm(
+    algorithm: StageAlgorithm, parts: Sequence[Part], pipeline: object, totals: BatchTotals
+) -> None:
     """Contract: protocol attributes present; prepare then loss gives a finite scalar with a
     gradient and float metrics. Raises AssertionError-free ValueErrors for test reporting."""
     if not isinstance(algorithm, StageAlgorithm):

@@ -49,13 +49,19 @@ class TokenSFT:
         for p in parts:
             text_segment(p, self.name)
 
-    def loss(self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals) -> tuple[Tensor, dict[str, float]]:
+    def loss(
+        self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals
+    ) -> tuple[Tensor, dict[str, float]]:
         require(totals.num_samples > 0, f"{self.name}: BatchTotals.num_samples is 0")
         rep = pipeline.replay_logprobs(parts)
         logp, mask = rep.logp.float(), rep.mask.bool()
         nll = token_nll(logp)
         loss = aggregate(
-            nll, mask, self.config.loss_agg_mode, num_tokens=totals.num_tokens, num_samples=totals.num_samples,
+            nll,
+            mask,
+            self.config.loss_agg_mode,
+            num_tokens=totals.num_tokens,
+            num_samples=totals.num_samples,
             horizon=self.config.horizon,
         )
         ntok = max(int(mask.sum()), 1)

@@ -3,7 +3,8 @@
 Structure injection happens once, in this order: LoRA (peft) -> gradient checkpointing ->
 move to device -> `fully_shard` on every block class (default: the model's `_no_split_modules`)
 and then on the root -> frozen reference copy / EMA -> AdamW + LR schedule over the trainable
-parameters. The same code path serves world size 1 (a gloo group is created when none exists)
+parameters. Gradients are summed (not averaged) over ranks because every loss is already
+normalised by global, rank-summed BatchTotals. The same code path serves world size 1 (a gloo group is created when none exists)
 and larger data-parallel worlds (launch one process per rank; the mesh spans the whole world).
 """
 
@@ -95,6 +96,12 @@ class FSDPBackend:
         for block in blocks:
             fully_shard(block, mesh=self.mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward)
         fully_shard(module, mesh=self.mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward)
+        # Losses are already divided by GLOBAL BatchTotals (summed over ranks), so the gradient
+        # reduction must SUM over ranks; FSDP2's default would average (divide by world size).
+        # Plain SUM collectives (not PREMUL_SUM(1.0), which gloo lacks).
+        for m in (*blocks, module):
+            m.set_gradient_divide_factor(1.0)  # type: ignore[operator]
+            m.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
         self.module = module
         self.num_sharded_blocks = len(blocks)
 
@@ -228,9 +235,12 @@ class FSDPBackend:
 
 
 def enable_gradient_checkpointing(module: torch.nn.Module) -> None:
-    """diffusers `enable_gradient_checkpointing()` or transformers `gradient_checkpointing_enable()`."""
+    """diffusers `enable_gradient_checkpointing()`, or transformers `activation_checkpointing_enable()`
+    (transformers >= 5) / `gradient_checkpointing_enable()` (older), non-reentrant."""
     if hasattr(module, "enable_gradient_checkpointing"):
         module.enable_gradient_checkpointing()
+    elif hasattr(module, "activation_checkpointing_enable"):
+        module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     elif hasattr(module, "gradient_checkpointing_enable"):
         module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:

@@ -16,7 +16,9 @@ from typing import Literal
 
 from torch import Tensor
 
-AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+AggregationMode = Literal[
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+]
 AGGREGATION_MODES: tuple[str, ...] = (
     "token-mean",
     "seq-mean-token-mean",

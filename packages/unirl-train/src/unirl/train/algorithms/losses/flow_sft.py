@@ -18,7 +18,11 @@ def flow_sft_sample_loss(v_pred: Tensor, x0: Tensor, noise: Tensor) -> Tensor:
 
 
 def sample_timesteps(
-    n: int, kind: str, generator: torch.Generator | None = None, logit_mean: float = 0.0, logit_std: float = 1.0
+    n: int,
+    kind: str,
+    generator: torch.Generator | None = None,
+    logit_mean: float = 0.0,
+    logit_std: float = 1.0,
 ) -> Tensor:
     """Draw ``n`` flow times ``t`` in (0, 1): ``uniform`` or SD3's ``logit_normal`` (sigmoid of a normal)."""
     if kind == "uniform":

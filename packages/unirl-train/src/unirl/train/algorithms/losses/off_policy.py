@@ -46,7 +46,9 @@ def decoupled_weight(
         out = torch.clamp(w, max=cap)
     elif mode == "mask":
         if c_min is None or c_max is None or not 0 <= c_min < c_max:
-            raise ValueError(f"off-policy mode 'mask' needs 0 <= c_min < c_max, got c_min={c_min}, c_max={c_max}")
+            raise ValueError(
+                f"off-policy mode 'mask' needs 0 <= c_min < c_max, got c_min={c_min}, c_max={c_max}"
+            )
         out = ((w >= c_min) & (w <= c_max)).to(w.dtype)
     else:
         raise ValueError(f"off-policy mode must be 'truncate' or 'mask', got {mode!r}")

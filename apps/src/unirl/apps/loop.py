@@ -1,0 +1,75 @@
+"""Pieces every domain trainer's loop shares: prompt records -> Samples, checkpoints, Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from unirl.types import Sample, SampleMetadata, TextPrimitive
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One prompt of a dataset or world, with what a checker needs to score it."""
+
+    id: str
+    prompt: str
+    answer: str | None = None
+    spec: dict[str, Any] = field(default_factory=dict)
+
+
+def make_samples(
+    records: Sequence[PromptRecord], *, step: int, samples_per_prompt: int, split: str, dataset: str
+) -> list[Sample]:
+    """``samples_per_prompt`` siblings per record; siblings share the group id ``<split><step>/<record id>``."""
+    out = []
+    for r in records:
+        gid = f"{split}{step}/{r.id}"
+        for k in range(samples_per_prompt):
+            out.append(
+                Sample(
+                    id=f"{gid}/{k}",
+                    group_id=gid,
+                    inputs=[TextPrimitive(text=r.prompt)],
+                    metadata=SampleMetadata(dataset=dataset, split=split, answer=r.answer, spec=r.spec),  # type: ignore[arg-type]
+                )
+            )
+    return out
+
+
+class StopFlag:
+    """Set by the first Ctrl-C (SIGINT) or SIGTERM: the loop finishes its step, saves, and stops.
+
+    A second Ctrl-C interrupts at once (KeyboardInterrupt)."""
+
+    def __init__(self) -> None:
+        self.stop = False
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.stop:
+            raise KeyboardInterrupt
+        self.stop = True
+        print("\nstopping after this step (saving a checkpoint); Ctrl-C again to abort now", flush=True)
+
+    @contextmanager
+    def installed(self) -> Iterator[StopFlag]:
+        try:
+            old_int = signal.signal(signal.SIGINT, self._handler)
+            old_term = signal.signal(signal.SIGTERM, self._handler)
+        except ValueError:  # not the main thread: no handlers, nothing to restore
+            yield self
+            return
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    path = run_dir / "checkpoints" / "latest"
+    return path if (path / "meta.json").is_file() else None

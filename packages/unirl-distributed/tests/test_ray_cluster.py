@@ -1,0 +1,248 @@
+"""Multi-process tests on a local Ray cluster: placement, gloo inside Remotes, failures, data plane,
+weight plane. Workers are reused across the module (starting torch workers is the slow part)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from unirl.distributed import (
+    InsufficientDevicesError,
+    MeshShape,
+    RankInfo,
+    RayRemote,
+    RemoteTimeoutError,
+    WorkerDiedError,
+    place,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def full_params(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "embed.weight": torch.randn(16, 8, generator=g),
+        "block.lora_A.default.weight": torch.randn(4, 8, generator=g),
+        "block.lora_B.default.weight": torch.randn(8, 4, generator=g).to(torch.bfloat16),
+        "head.bias": torch.randn(6, generator=g).to(torch.float16),
+    }
+
+
+class Node:
+    """A worker exercising each plane; state persists across calls (Ray actors are stateful)."""
+
+    def __init__(self, info: RankInfo) -> None:
+        self.info = info
+        self.group: Any = None
+        self.sync: Any = None
+        self.received: dict[str, torch.Tensor] = {}
+
+    # placement / process group
+    def where(self) -> tuple[str, float]:
+        """(placement group id, CPUs assigned to this actor)."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return ctx.get_placement_group_id() or "", float(ctx.get_assigned_resources().get("CPU", 0.0))
+
+    def allreduce(self) -> tuple[float, int, int]:
+        import torch.distributed as dist
+
+        t = torch.tensor([float(self.info.rank + 1)])
+        dist.all_reduce(t)
+        return float(t.item()), dist.get_rank(), dist.get_world_size()
+
+    # failures
+    def block(self, flag: str, seconds: float) -> None:
+        Path(flag).touch()
+        threading.Event().wait(seconds)  # never set: the call stays in flight until killed
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    # standalone groups across Remotes
+    def master(self) -> tuple[str, int]:
+        from unirl.distributed import pick_master
+
+        return pick_master()
+
+    def join(self, addr: str, port: int, offset: int, world: int) -> None:
+        """Join a group spanning Remotes as group rank ``offset + own rank``."""
+        from unirl.distributed import StandaloneGroup
+
+        if self.group is None:
+            self.group = StandaloneGroup("gloo", addr, port, offset + self.info.rank, world, timeout_s=60)
+
+    # data plane
+    def put(self, seed: int) -> Any:
+        from unirl.distributed import ObjectStoreTransport
+
+        return ObjectStoreTransport().put(full_params(seed))
+
+    def get(self, handle: Any) -> dict[str, torch.Tensor]:
+        from unirl.distributed import ObjectStoreTransport
+
+        return ObjectStoreTransport().get(handle)
+
+    def p2p_send(self, seed: int, dst: int) -> None:
+        from unirl.distributed import P2PTransport
+
+        P2PTransport(self.group).send(full_params(seed), dst)
+
+    def p2p_recv(self, src: int, me: int) -> dict[str, torch.Tensor]:
+        from unirl.distributed import P2PTransport
+
+        return P2PTransport(self.group).recv(src) if self.group.rank == me else {}
+
+    # weight plane
+    def make_sync(self, kind: str, source: bool, lora: bool = False) -> None:
+        from unirl.distributed.weightsync import (
+            BroadcastWeightSync,
+            LoraOnlySync,
+            RayBlobStore,
+            SharedMemoryWeightSync,
+            TensorBucketSync,
+        )
+
+        kw: dict[str, Any] = {"name": f"{kind}@{self.info.rank}", "max_bucket_bytes": 600}
+        if kind == "tensor_buckets":
+            self.sync = TensorBucketSync(RayBlobStore(), is_source=source, **kw)
+        elif kind == "shared_memory":
+            self.sync = SharedMemoryWeightSync(is_source=source, **kw)
+        else:
+            self.sync = BroadcastWeightSync(self.group if (source or self.group is not None) else None, **kw)
+        if lora:
+            self.sync = LoraOnlySync(self.sync)
+
+    def push(self, seed: int, version: int) -> Any:
+        """Every trainer rank: shard the params FSDP-style as DTensors, then send (gathers inside)."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        mesh = init_device_mesh("cpu", (self.info.world_size,))
+        sharded = [(n, distribute_tensor(t, mesh, [Shard(0)])) for n, t in full_params(seed).items()]
+        return self.sync.send(sharded, version)
+
+    def pull(self, ticket: Any) -> Any:
+        self.received = {}
+        return self.sync.receive(ticket, self.received.update)
+
+    def confirm(self, ticket: Any, acks: list[Any], n: int) -> None:
+        self.sync.confirm(ticket, acks, n)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return self.received
+
+
+def join_group(trainer: RayRemote[Node], engine: RayRemote[Node]) -> None:
+    """Trainer rank 0 (group rank 0) + engine ranks 0, 1 (group ranks 1, 2); rank 0 picks the port."""
+    addr, port = trainer.call_rank0(Node.master)
+    fut = trainer.call_rank0_async(Node.join, addr, port, 0, 3)
+    engine.call_all(Node.join, addr, port, 1, 3)
+    fut.result(timeout=60)
+
+
+def assert_bit_exact(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert list(got) == list(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+
+
+@pytest.fixture(scope="module")
+def remotes(ray_cluster: Any) -> Iterator[dict[str, Any]]:
+    # colocated: trainer and engine share a 2-device slab (0.5 CPU "devices"), half each
+    plan, slabs = place({"trainer": 2, "engine": 2}, "colocate", cpus_per_device=0.5)
+    share = plan.slab_of("trainer").share
+    trainer = RayRemote.spawn(
+        Node, name="trainer", mesh=MeshShape(dp=2), slab=slabs["trainer"], share=share, call_timeout_s=60
+    )
+    engine = RayRemote.spawn(
+        Node, name="engine", mesh=MeshShape(dp=2), slab=slabs["engine"], share=share, call_timeout_s=60
+    )
+    yield {"trainer": trainer, "engine": engine, "slab": slabs["trainer"], "share": share}
+    trainer.shutdown()
+    engine.shutdown()
+    slabs["trainer"].release()
+
+
+def test_colocated_remotes_share_bundles_of_one_slab(remotes: dict[str, Any]) -> None:
+    t, e = remotes["trainer"].call_all(Node.where), remotes["engine"].call_all(Node.where)
+    assert t[0][0] == e[0][0] == t[1][0] == e[1][0] != ""  # one placement group
+    assert [c for _, c in t + e] == [0.25] * 4  # half of each 0.5-CPU "device"
+    assert remotes["trainer"].bundles == remotes["engine"].bundles == [0, 1]  # rank i on device i
+    assert remotes["slab"].used == [1.0, 1.0]
+    with pytest.raises(InsufficientDevicesError, match="device 0 of slab 'colocated' is 1 used"):
+        RayRemote.spawn(Node, name="third", slab=remotes["slab"], share=0.5)
+
+
+def test_separate_remotes_get_disjoint_slabs(ray_cluster: Any) -> None:
+    _, slabs = place({"a": 1, "b": 1}, "separate", cpus_per_device=0.25)
+    a = RayRemote.spawn(Node, name="a", slab=slabs["a"], process_group=False)
+    b = RayRemote.spawn(Node, name="b", slab=slabs["b"], process_group=False)
+    try:
+        (pa, _), (pb, _) = a.call_rank0(Node.where), b.call_rank0(Node.where)
+        assert pa and pb and pa != pb
+    finally:
+        a.shutdown(), b.shutdown()
+        slabs["a"].release(), slabs["b"].release()
+
+
+def test_too_few_devices_fails_before_any_worker_starts(ray_cluster: Any) -> None:
+    groups_before = len(ray_cluster.util.placement_group_table())
+    with pytest.raises(InsufficientDevicesError, match=r"CPU: need 10, free [\d.]+"):
+        RayRemote.spawn(Node, name="huge", mesh=MeshShape(dp=10))
+    assert len(ray_cluster.util.placement_group_table()) == groups_before
+
+
+def test_gloo_all_reduce_inside_remote_workers(remotes: dict[str, Any]) -> None:
+    # ranks contribute 1 and 2 -> both see 3
+    assert remotes["trainer"].call_all(Node.allreduce) == [(3.0, 0, 2), (3.0, 1, 2)]
+
+
+def test_object_store_transport_driver_holds_handles_only(remotes: dict[str, Any]) -> None:
+    import ray
+
+    handle = remotes["trainer"].call_rank0(Node.put, 3)
+    assert isinstance(handle.ref, ray.ObjectRef) and handle.nbytes == 16 * 8 * 4 + 32 * 4 + 32 * 2 + 6 * 2
+    got = remotes["engine"].call_all(Node.get, handle)
+    for g in got:
+        assert_bit_exact(g, full_params(3))
+
+
+def test_p2p_send_recv_across_remotes(remotes: dict[str, Any]) -> None:
+    trainer, engine = remotes["trainer"], remotes["engine"]
+    join_group(trainer, engine)
+    fut = trainer.call_rank0_async(Node.p2p_send, 5, 2)  # to group rank 2 = engine rank 1
+    got = engine.call_all(Node.p2p_recv, 0, 2)
+    fut.result(timeout=60)
+    assert got[0] == {}
+    assert_bit_exact(got[1], full_params(5))
+
+
+def test_kill_mid_call_surfaces_worker_died_quickly(ray_cluster: Any, tmp_path: Path) -> None:
+    victim = RayRemote.spawn(Node, name="victim", cpus_per_worker=0.25, process_group=False)
+    try:
+        flag = tmp_path / "in_call"
+        fut = victim.call_rank0_async(Node.block, str(flag), 120.0)
+        deadline = time.monotonic() + 30
+        while not flag.exists():  # wait (bounded) until the call is in flight
+            assert time.monotonic() < deadline, "the call never started"
+            time.sleep(0.05)
+        with pytest.raises(RemoteTimeoutError, match=r"victim.block: ranks \[0\] did not finish within 0.5s"):
+            fut.result(timeout=0.5)
+        os.kill(victim.pids[0], signal.SIGKILL)  # a crash, not a polite ray.kill
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError, match="victim.block: worker rank 0 died"):
+            fut.result(timeout=30)
+        assert time.monotonic() - start < 30
+    finally:
+        victim.shutdown()
