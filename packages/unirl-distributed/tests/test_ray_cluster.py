@@ -3,6 +3,7 @@ weight plane. Workers are reused across the module (starting torch workers is th
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -19,6 +20,7 @@ from unirl.distributed import (
     MeshShape,
     RankInfo,
     RayRemote,
+    RemoteCallError,
     RemoteTimeoutError,
     WorkerDiedError,
     place,
@@ -93,6 +95,28 @@ class Node:
 
         return ObjectStoreTransport().get(handle)
 
+    def put_samples(self, n: int) -> Any:
+        from unirl.distributed import SampleTransport
+        from unirl.types import Part as P
+        from unirl.types import Reward, Sample, TextPrimitive, TextSegment
+
+        seg = TextSegment(prompt_ids=[1, 2, 3], response_ids=[4, 5], log_probs=torch.zeros(2))
+        samples = [
+            Sample(
+                id=f"s{i}",
+                group_id="g",
+                inputs=[TextPrimitive(text="1+1=")],
+                parts=[P(name="ar", segment=seg, reward=Reward(total=float(i), components={}))],
+            )
+            for i in range(n)
+        ]
+        return SampleTransport().put(samples)
+
+    def sample_rewards(self, handle: Any) -> list[float]:
+        from unirl.distributed import SampleTransport
+
+        return [s.parts[0].reward.total for s in SampleTransport().get(handle)]
+
     def p2p_send(self, seed: int, dst: int) -> None:
         from unirl.distributed import P2PTransport
 
@@ -104,7 +128,8 @@ class Node:
         return P2PTransport(self.group).recv(src) if self.group.rank == me else {}
 
     # weight plane
-    def make_sync(self, kind: str, source: bool, lora: bool = False) -> None:
+    def make_sync(self, kind: str, role: str, lora: bool = False) -> None:
+        """A fresh WeightSync; on the trainer only rank 0 is the source (the others gather)."""
         from unirl.distributed.weightsync import (
             BroadcastWeightSync,
             LoraOnlySync,
@@ -113,18 +138,23 @@ class Node:
             TensorBucketSync,
         )
 
-        kw: dict[str, Any] = {"name": f"{kind}@{self.info.rank}", "max_bucket_bytes": 600}
+        source = role == "trainer" and self.info.rank == 0
+        kw: dict[str, Any] = {"name": f"{role}{self.info.rank}", "max_bucket_bytes": 600}
         if kind == "tensor_buckets":
             self.sync = TensorBucketSync(RayBlobStore(), is_source=source, **kw)
         elif kind == "shared_memory":
             self.sync = SharedMemoryWeightSync(is_source=source, **kw)
         else:
-            self.sync = BroadcastWeightSync(self.group if (source or self.group is not None) else None, **kw)
+            self.sync = BroadcastWeightSync(self.group, **kw)  # trainer rank 1 has no group: gather-only
         if lora:
             self.sync = LoraOnlySync(self.sync)
 
-    def push(self, seed: int, version: int) -> Any:
+    def set_seed(self, seed: int) -> None:
+        self.seed = seed
+
+    def push(self, version: int) -> Any:
         """Every trainer rank: shard the params FSDP-style as DTensors, then send (gathers inside)."""
+        seed = self.seed
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -192,8 +222,10 @@ def test_separate_remotes_get_disjoint_slabs(ray_cluster: Any) -> None:
         (pa, _), (pb, _) = a.call_rank0(Node.where), b.call_rank0(Node.where)
         assert pa and pb and pa != pb
     finally:
-        a.shutdown(), b.shutdown()
-        slabs["a"].release(), slabs["b"].release()
+        for r in (a, b):
+            r.shutdown()
+        for s in slabs.values():
+            s.release()
 
 
 def test_too_few_devices_fails_before_any_worker_starts(ray_cluster: Any) -> None:
@@ -216,6 +248,9 @@ def test_object_store_transport_driver_holds_handles_only(remotes: dict[str, Any
     got = remotes["engine"].call_all(Node.get, handle)
     for g in got:
         assert_bit_exact(g, full_params(3))
+    samples = remotes["trainer"].call_rank0(Node.put_samples, 3)
+    assert isinstance(samples.ref, ray.ObjectRef) and samples.count == 3
+    assert remotes["engine"].call_all(Node.sample_rewards, samples) == [[0.0, 1.0, 2.0]] * 2
 
 
 def test_p2p_send_recv_across_remotes(remotes: dict[str, Any]) -> None:
@@ -246,3 +281,75 @@ def test_kill_mid_call_surfaces_worker_died_quickly(ray_cluster: Any, tmp_path: 
         assert time.monotonic() - start < 30
     finally:
         victim.shutdown()
+
+
+def sync_round(
+    trainer: RayRemote[Node], engine: RayRemote[Node], seed: int, version: int, streaming: bool
+) -> Any:
+    """One weight sync of the params of ``seed`` as ``version``, sequenced by the library's driver."""
+    from unirl.distributed.weightsync import drive_weight_sync
+
+    trainer.call_all(Node.set_seed, seed)
+    return drive_weight_sync(
+        trainer,
+        engine,
+        push=Node.push,
+        pull=Node.pull,
+        confirm=Node.confirm,
+        version=version,
+        streaming=streaming,
+        timeout_s=60,
+    )
+
+
+@pytest.mark.parametrize("kind", ["tensor_buckets", "shared_memory", "broadcast"])
+def test_weight_sync_from_sharded_dtensors_is_bit_exact(remotes: dict[str, Any], kind: str) -> None:
+    trainer, engine = remotes["trainer"], remotes["engine"]
+    if kind == "broadcast":
+        join_group(trainer, engine)
+    trainer.call_all(Node.make_sync, kind, "trainer")
+    engine.call_all(Node.make_sync, kind, "engine")
+    ticket = sync_round(trainer, engine, seed=7, version=1, streaming=kind == "broadcast")
+    # sizes 512, 128, 64, 12 bytes with a 600-byte bucket limit -> [[embed], [lora_A, lora_B, head]]
+    assert [len(b) for b in ticket.buckets] == [1, 3]
+    for state in engine.call_all(Node.state):
+        assert_bit_exact(state, full_params(7))
+    sync_round(trainer, engine, seed=8, version=2, streaming=kind == "broadcast")
+    for state in engine.call_all(Node.state):
+        assert_bit_exact(state, full_params(8))
+
+
+def test_corrupted_stale_and_repeated_syncs_are_rejected_across_processes(remotes: dict[str, Any]) -> None:
+    import ray
+
+    trainer, engine = remotes["trainer"], remotes["engine"]
+    trainer.call_all(Node.make_sync, "tensor_buckets", "trainer")
+    engine.call_all(Node.make_sync, "tensor_buckets", "engine")
+    v1 = sync_round(trainer, engine, seed=1, version=1, streaming=False)
+    trainer.call_all(Node.set_seed, 2)
+    tickets = trainer.call_all(Node.push, 2)
+    assert tickets[1].payload == ()  # the non-source rank only took part in the gathers
+    v2 = tickets[0]
+    data = bytearray(ray.get(v2.payload[0]))
+    data[-1] ^= 0x01  # flip one bit of the last tensor byte of bucket 0
+    bad = dataclasses.replace(v2, payload=(ray.put(bytes(data)), *v2.payload[1:]))
+    with pytest.raises(
+        RemoteCallError, match="engine.pull: rank 0 raised WeightSyncError: .*bucket 0 .*checksum"
+    ):
+        engine.call_rank0(Node.pull, bad)
+    assert_bit_exact(engine.call_rank0(Node.state), {})  # nothing of the corrupted bucket was loaded
+    assert engine.call_rank0(Node.pull, v2).version == 2  # the intact ticket still applies
+    with pytest.raises(RemoteCallError, match="repeated weight version 2"):
+        engine.call_rank0(Node.pull, v2)
+    with pytest.raises(RemoteCallError, match=r"stale weight version 1 \(last accepted 2\)"):
+        engine.call_rank0(Node.pull, v1)
+
+
+def test_lora_only_sync_ships_adapters_only(remotes: dict[str, Any]) -> None:
+    trainer, engine = remotes["trainer"], remotes["engine"]
+    trainer.call_all(Node.make_sync, "shared_memory", "trainer", True)
+    engine.call_all(Node.make_sync, "shared_memory", "engine", True)
+    sync_round(trainer, engine, seed=4, version=1, streaming=False)
+    want = {k: v for k, v in full_params(4).items() if "lora_" in k}
+    for state in engine.call_all(Node.state):
+        assert_bit_exact(state, want)

@@ -199,6 +199,13 @@ class TestWeightSyncContract:
 
     def test_sender_rejects_non_increasing_versions_before_sending(self, harness: Harness) -> None:
         harness.sync(model_params(), version=5)
+        if harness.streaming:
+            fut = harness.pool.submit(harness.sender.send, model_params(), 5)
+            with pytest.raises(WeightSyncError, match="sender aborted this sync: StaleWeightVersionError"):
+                harness.receiver.receive(None, lambda b: None)
+            with pytest.raises(StaleWeightVersionError, match="weights sender"):
+                fut.result(timeout=30)
+            return
         with pytest.raises(StaleWeightVersionError, match="weights sender"):
             harness.sender.send(model_params(), 5)
 
@@ -218,6 +225,13 @@ class TestWeightSyncContract:
         assert harness.receiver.received.last is None  # the version was not accepted
 
     def test_empty_sync_fails_loudly(self, harness: Harness) -> None:
+        if harness.streaming:  # the receivers learn it from the stream and fail too, no timeout
+            fut = harness.pool.submit(harness.sender.send, [], 1)
+            with pytest.raises(WeightSyncError, match="sender aborted this sync: EmptyWeightSyncError"):
+                harness.receiver.receive(None, lambda b: None)
+            with pytest.raises(EmptyWeightSyncError, match="zero tensors"):
+                fut.result(timeout=30)
+            return
         with pytest.raises(EmptyWeightSyncError, match="zero tensors"):
             harness.sender.send([], 1)
 
@@ -280,3 +294,25 @@ def test_bucketed_base_is_abstract() -> None:
     with pytest.raises(TypeError):
         BucketedWeightSync()  # type: ignore[abstract]  # the point of the test
     assert threading.active_count() >= 1
+
+
+def test_tied_and_view_sharing_params_round_trip_through_buckets() -> None:
+    store = InProcessBlobStore()
+    sender, receiver = TensorBucketSync(store), TensorBucketSync(store)
+    emb = torch.randn(5, 3)
+    fused = torch.randn(6, 3)
+    params = [("embed.weight", emb), ("lm_head.weight", emb), ("q", fused[:3]), ("k", fused[3:])]
+    got: dict[str, torch.Tensor] = {}
+    receiver.receive(sender.send(params, 1), got.update)
+    for name, t in params:
+        assert torch.equal(got[name], t), name
+
+
+def test_malformed_ticket_is_rejected() -> None:
+    import dataclasses
+
+    store = InProcessBlobStore()
+    ticket = TensorBucketSync(store, max_bucket_bytes=256).send(model_params(), 1)
+    bad = dataclasses.replace(ticket, payload=ticket.payload[:1])
+    with pytest.raises(WeightSyncError, match="malformed ticket v1: 3 buckets, 3 checksums, 1 payload refs"):
+        TensorBucketSync(store).receive(bad, lambda b: None)

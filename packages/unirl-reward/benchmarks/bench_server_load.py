@@ -23,7 +23,24 @@ import threading
 import time
 from pathlib import Path
 
-WORDS = "cat dog bird fish tree house river mountain car road city sun moon star cloud rain".split()
+WORDS = [
+    "cat",
+    "dog",
+    "bird",
+    "fish",
+    "tree",
+    "house",
+    "river",
+    "mountain",
+    "car",
+    "road",
+    "city",
+    "sun",
+    "moon",
+    "star",
+    "cloud",
+    "rain",
+]
 
 
 def _sentence(i: int) -> str:
@@ -43,10 +60,14 @@ async def _client(url: str, n: int, concurrency: int) -> dict:
             rid = f"load-{i}"
             async with sem:
                 t0 = time.perf_counter()
-                resp = await c.score_response([ScoreItem(response=_sentence(i), reference="a small animal")], rid)
+                resp = await c.score_response(
+                    [ScoreItem(response=_sentence(i), reference="a small animal")], rid
+                )
                 lat.append(time.perf_counter() - t0)
             if resp.request_id != rid or len(resp.results) != 1:
-                raise RuntimeError(f"bad answer for {rid}: {resp.request_id} with {len(resp.results)} results")
+                raise RuntimeError(
+                    f"bad answer for {rid}: {resp.request_id} with {len(resp.results)} results"
+                )
             answered[rid] = answered.get(rid, 0) + 1
 
         t0 = time.perf_counter()
@@ -68,7 +89,12 @@ class Counting:
 
     def __init__(self, inner) -> None:
         self.inner, self.count, self.lock = inner, 0, threading.Lock()
-        self.name, self.version, self.modality, self.output_range = inner.name, inner.version, inner.modality, inner.output_range
+        self.name, self.version, self.modality, self.output_range = (
+            inner.name,
+            inner.version,
+            inner.modality,
+            inner.output_range,
+        )
 
     def score(self, items):
         with self.lock:
@@ -87,7 +113,7 @@ def _scrape(url: str) -> dict[str, float]:
     return out
 
 
-def run(requests: int, concurrency: int, max_batch: int, timeout_s: float) -> dict:
+def run(requests: int, concurrency: int, max_batch: int, timeout_s: float, repeats: int = 1) -> dict:
     import torch
 
     from unirl.reward.combine import WeightedScorer
@@ -101,24 +127,50 @@ def run(requests: int, concurrency: int, max_batch: int, timeout_s: float) -> di
     scorer.score(  # warm-up outside the timed runs
         [__import__("unirl.reward.protocol", fromlist=["ScoreItem"]).ScoreItem(response="x", reference="y")]
     )
-    out: dict = {"requests": requests, "concurrency": concurrency, "runs": {}}
-    for mb in (1, max_batch):
-        settings = ServerSettings(max_batch=mb, max_wait_ms=2.0, max_queue_items=4 * requests)
-        before = scorer.count
-        with serve_in_thread(create_app(lambda: [WeightedScorer("sim", 1.0, scorer)], settings)) as h:
-            with tempfile.TemporaryDirectory() as tmp:
-                res_path = Path(tmp) / "client.json"
-                cmd = [sys.executable, __file__, "--client", h.url, "--requests", str(requests),
-                       "--concurrency", str(concurrency), "--out", str(res_path)]
-                subprocess.run(cmd, check=True, timeout=timeout_s, env=dict(os.environ))
-                res = json.loads(res_path.read_text())
-            metrics = _scrape(h.url)
-        res["batches"] = metrics["unirl_reward_batches_total"]
-        res["mean_batch_size"] = metrics["unirl_reward_items_scored_total"] / max(1.0, res["batches"])
-        res["scoring_busy_s"] = metrics["unirl_reward_scoring_seconds_total"]
-        res["items_scored"] = scorer.count - before
-        res["exactly_once"] = res["answered_once"] == requests and res["items_scored"] == requests
-        out["runs"][f"max_batch={mb}"] = res
+    out: dict = {
+        "requests": requests,
+        "concurrency": concurrency,
+        "repeats": repeats,
+        "runs": {},
+        "all_runs": [],
+    }
+    # Alternate the two settings `repeats` times and keep each one's best throughput: the CPU is
+    # shared, and alternating spreads load drift over both instead of biasing one.
+    for rep in range(repeats):
+        for mb in (1, max_batch):
+            settings = ServerSettings(
+                max_batch=mb, max_wait_ms=2.0, max_queue_items=4 * requests, torch_threads=1
+            )
+            before = scorer.count
+            with serve_in_thread(create_app(lambda: [WeightedScorer("sim", 1.0, scorer)], settings)) as h:
+                with tempfile.TemporaryDirectory() as tmp:
+                    res_path = Path(tmp) / "client.json"
+                    cmd = [
+                        sys.executable,
+                        __file__,
+                        "--client",
+                        h.url,
+                        "--requests",
+                        str(requests),
+                        "--concurrency",
+                        str(concurrency),
+                        "--out",
+                        str(res_path),
+                    ]
+                    subprocess.run(cmd, check=True, timeout=timeout_s, env=dict(os.environ))
+                    res = json.loads(res_path.read_text())
+                metrics = _scrape(h.url)
+            res["max_batch"], res["repeat"] = mb, rep
+            res["batches"] = metrics["unirl_reward_batches_total"]
+            res["mean_batch_size"] = metrics["unirl_reward_items_scored_total"] / max(1.0, res["batches"])
+            res["scoring_busy_s"] = metrics["unirl_reward_scoring_seconds_total"]
+            res["items_scored"] = scorer.count - before
+            res["exactly_once"] = res["answered_once"] == requests and res["items_scored"] == requests
+            out["all_runs"].append(res)
+            key = f"max_batch={mb}"
+            if key not in out["runs"] or res["throughput_rps"] > out["runs"][key]["throughput_rps"]:
+                out["runs"][key] = res
+    out["exactly_once"] = all(r["exactly_once"] for r in out["all_runs"])
     a, b = out["runs"]["max_batch=1"], out["runs"][f"max_batch={max_batch}"]
     out["batching_speedup"] = b["throughput_rps"] / a["throughput_rps"]
     return out
@@ -129,6 +181,9 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--max-batch", type=int, default=32)
+    p.add_argument(
+        "--repeats", type=int, default=1, help="alternate both settings this many times, keep the best"
+    )
     p.add_argument("--timeout-s", type=float, default=120.0, help="bound on each client process")
     p.add_argument("--out", default=None, help="write the JSON results here")
     p.add_argument("--client", default=None, help=argparse.SUPPRESS)
@@ -137,17 +192,24 @@ def main() -> None:
         res = asyncio.run(_client(args.client, args.requests, args.concurrency))
         Path(args.out).write_text(json.dumps(res))
         return
-    out = run(args.requests, args.concurrency, args.max_batch, args.timeout_s)
+    load_before = os.getloadavg()
+    out = run(args.requests, args.concurrency, args.max_batch, args.timeout_s, args.repeats)
+    out["loadavg_1min_before_after"] = [load_before[0], os.getloadavg()[0]]
+    out["cpus"] = os.cpu_count()
     text = json.dumps(out, indent=2)
-    print(text)
+    for r in out["all_runs"]:
+        print(f"run {r['repeat']} max_batch={r['max_batch']}: {r['throughput_rps']:.1f} req/s")
+    print(f"1-min load average before/after: {out['loadavg_1min_before_after']} on {out['cpus']} CPUs")
     for name, r in out["runs"].items():
-        print(f"{name}: {r['throughput_rps']:.1f} req/s, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
-              f"mean batch {r['mean_batch_size']:.1f}, scorer busy {r['scoring_busy_s']:.2f}s of {r['wall_s']:.2f}s, "
-              f"exactly_once={r['exactly_once']}")
+        print(
+            f"{name}: {r['throughput_rps']:.1f} req/s, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
+            f"mean batch {r['mean_batch_size']:.1f}, scorer busy {r['scoring_busy_s']:.2f}s of {r['wall_s']:.2f}s, "
+            f"exactly_once={r['exactly_once']}"
+        )
     print(f"batching speedup (throughput): {out['batching_speedup']:.2f}x")
     if args.out:
         Path(args.out).write_text(text + "\n")
-    if not all(r["exactly_once"] for r in out["runs"].values()):
+    if not out["exactly_once"]:
         sys.exit(1)
 
 

@@ -48,16 +48,21 @@ def test_retries_keep_one_request_id():
 
 def test_4xx_is_not_retried_and_carries_the_message():
     transport, seen = _scripted([422, OK])
-    with RewardClient("http://reward", transport=transport, retry=FAST) as c, pytest.raises(RewardClientError) as e:
+    with (
+        RewardClient("http://reward", transport=transport, retry=FAST) as c,
+        pytest.raises(RewardClientError) as e,
+    ):
         c.score([ScoreItem(response="a")])
     assert e.value.status == 422 and "status 422" in str(e.value) and len(seen) == 1
 
 
 def test_gives_up_after_max_attempts():
     transport, seen = _scripted([500] * 4)
-    with RewardClient("http://reward", transport=transport, retry=FAST) as c:
-        with pytest.raises(RewardClientError, match="unavailable after 4 attempts"):
-            c.score([ScoreItem(response="a")])
+    with (
+        RewardClient("http://reward", transport=transport, retry=FAST) as c,
+        pytest.raises(RewardClientError, match="unavailable after 4 attempts"),
+    ):
+        c.score([ScoreItem(response="a")])
     assert len(seen) == 4
 
 
@@ -70,9 +75,11 @@ def test_retry_after_is_honoured_and_capped():
 
 
 def test_connection_refused_is_a_clear_error():
-    with RewardClient("http://127.0.0.1:9", retry=FAST) as c:  # port 9 (discard): nothing listens
-        with pytest.raises(RewardClientError, match="unavailable after 4 attempts: ConnectError"):
-            c.score([ScoreItem(response="a")])
+    with (
+        RewardClient("http://127.0.0.1:9", retry=FAST) as c,  # port 9 (discard): nothing listens
+        pytest.raises(RewardClientError, match="unavailable after 4 attempts: ConnectError"),
+    ):
+        c.score([ScoreItem(response="a")])
 
 
 def test_async_client_and_remote_service_against_real_server():

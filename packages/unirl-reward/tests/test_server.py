@@ -58,9 +58,14 @@ def test_score_health_ready_version(server):
         (b'{"items": [{"respnse": "x"}]}', 422, "respnse"),
         (b'{"items": [{}]}', 422, "needs item.response"),
         (b'{"items": [{"response": 5}]}', 422, "response"),
-        (b'{"items": [{"response": "x", "image": {"kind": "encoded", "format": "png", "data": "AAAA"}}]}', 422, "cannot decode"),
+        (
+            b'{"items": [{"response": "x", "image": {"kind": "encoded", "format": "png", "data": "AAAA"}}]}',
+            422,
+            "cannot decode",
+        ),
         (b'{"items": [{"response": "x"}], "request_id": "a b"}', 422, "request_id"),
         (b"[]", 422, "invalid request"),
+        (b"6\xff\xfe", 400, "UTF-8 JSON"),
         (b'{"items": [{"response": "' + b"x" * 5000 + b'"}]}', 413, "max_request_bytes"),
     ],
 )
@@ -118,9 +123,13 @@ def test_queue_full_gets_429_with_retry_after_and_timeout_504():
     scorer = GatedScorer()
     with _serve(scorer, max_batch=1, max_queue_items=1, max_wait_ms=0, request_timeout_s=2) as h:
         with ThreadPoolExecutor(2) as pool:
-            blocked = pool.submit(httpx.post, h.url + "/v1/score", json={"items": [{"response": "a"}]}, timeout=30)
+            blocked = pool.submit(
+                httpx.post, h.url + "/v1/score", json={"items": [{"response": "a"}]}, timeout=30
+            )
             assert scorer.entered.wait(10)
-            queued = pool.submit(httpx.post, h.url + "/v1/score", json={"items": [{"response": "b"}]}, timeout=30)
+            queued = pool.submit(
+                httpx.post, h.url + "/v1/score", json={"items": [{"response": "b"}]}, timeout=30
+            )
             _wait_until(lambda: "unirl_reward_queue_items 1" in httpx.get(h.url + "/metrics").text)
             r = httpx.post(h.url + "/v1/score", json={"items": [{"response": "c"}]})
             assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
@@ -164,14 +173,18 @@ def test_cli_refuses_public_bind_without_token(tmp_path, monkeypatch, capsys):
 def test_client_retries_until_server_frees_up():
     scorer = GatedScorer()
     with _serve(scorer, max_batch=1, max_queue_items=1, max_wait_ms=0) as h, ThreadPoolExecutor(3) as pool:
-        blocked = pool.submit(httpx.post, h.url + "/v1/score", json={"items": [{"response": "a"}]}, timeout=30)
+        blocked = pool.submit(
+            httpx.post, h.url + "/v1/score", json={"items": [{"response": "a"}]}, timeout=30
+        )
         assert scorer.entered.wait(10)
         queued = pool.submit(httpx.post, h.url + "/v1/score", json={"items": [{"response": "b"}]}, timeout=30)
         _wait_until(lambda: "unirl_reward_queue_items 1" in httpx.get(h.url + "/metrics").text)
         retry = RetryPolicy(max_attempts=50, backoff_s=0.05, max_backoff_s=0.2)
         with RewardClient(h.url, retry=retry) as c:
             got = pool.submit(c.score, [ScoreItem(response="abc")])
-            _wait_until(lambda: "unirl_reward_rejected_queue_full_total 0" not in httpx.get(h.url + "/metrics").text)
+            _wait_until(
+                lambda: "unirl_reward_rejected_queue_full_total 0" not in httpx.get(h.url + "/metrics").text
+            )
             scorer.gate.set()
             assert got.result(timeout=30)[0].total == 6.0
         assert blocked.result().status_code == queued.result().status_code == 200
@@ -179,7 +192,9 @@ def test_client_retries_until_server_frees_up():
 
 def test_openapi_spec_committed_and_in_sync():
     spec = json.dumps(openapi_spec(), indent=2, sort_keys=True) + "\n"
-    assert OPENAPI.exists(), "run: python -m unirl.reward.cli openapi --output packages/unirl-reward/openapi.json"
+    assert OPENAPI.exists(), (
+        "run: python -m unirl.reward.cli openapi --output packages/unirl-reward/openapi.json"
+    )
     assert OPENAPI.read_text() == spec, (
         "openapi.json is stale; regenerate: python -m unirl.reward.cli openapi --output packages/unirl-reward/openapi.json"
     )

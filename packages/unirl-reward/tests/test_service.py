@@ -82,7 +82,11 @@ def _sample(i: int, text: str, answer: str) -> Sample:
 
 
 def test_score_samples_fills_part_reward():
-    svc = RewardService.local(ServiceConfig.model_validate({"scorers": [{"name": "em", "scorer": {"kind": "exact_match", "extractor": "last_number"}}]}))
+    svc = RewardService.local(
+        ServiceConfig.model_validate(
+            {"scorers": [{"name": "em", "scorer": {"kind": "exact_match", "extractor": "last_number"}}]}
+        )
+    )
     samples = [_sample(0, "it is 3", "3"), _sample(1, "it is 4", "3")]
     rewards = svc.score_samples(samples, "ar")
     assert [s.part("ar").reward.total for s in samples] == [1.0, 0.0]
@@ -109,6 +113,8 @@ def test_score_samples_image_part_with_prompt_from_other_part():
             seen.extend(items)
             return super().score(items)
 
-    RewardService.local([WeightedScorer("spy", 1.0, Spy(0.5))]).score_samples([s], "diffusion", prompt_part="ar")
+    RewardService.local([WeightedScorer("spy", 1.0, Spy(0.5))]).score_samples(
+        [s], "diffusion", prompt_part="ar"
+    )
     assert seen[0].prompt == "a red cube" and seen[0].image.shape == (8, 8, 3)
     assert s.part("diffusion").reward.total == 0.5

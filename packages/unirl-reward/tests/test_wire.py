@@ -22,12 +22,19 @@ IMG = np.random.default_rng(1).integers(0, 256, (5, 7, 3), dtype=np.uint8)
 @pytest.mark.parametrize("media", ["png", "array"])
 def test_item_round_trip_is_lossless(media):
     video = np.stack([IMG, IMG[::-1]])
-    item = ScoreItem(prompt="p", response="r", reference="x", image=IMG, video=video, metadata={"n": 2, "c": ["red"]})
+    item = ScoreItem(
+        prompt="p", response="r", reference="x", image=IMG, video=video, metadata={"n": 2, "c": ["red"]}
+    )
     wire = item_to_wire(item, media)
     again = WireItem.model_validate_json(wire.model_dump_json())  # through JSON text
     back = wire_to_item(again)
     assert np.array_equal(back.image, IMG) and np.array_equal(back.video, video)
-    assert (back.prompt, back.response, back.reference, dict(back.metadata)) == ("p", "r", "x", {"n": 2, "c": ["red"]})
+    assert (back.prompt, back.response, back.reference, dict(back.metadata)) == (
+        "p",
+        "r",
+        "x",
+        {"n": 2, "c": ["red"]},
+    )
 
 
 def test_array_json_shape_follows_tensor_codec():

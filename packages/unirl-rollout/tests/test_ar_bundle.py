@@ -42,6 +42,12 @@ def test_chat_template_and_plain_prompts() -> None:
         "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n"
     )
 
+    # extra template variables (Qwen3's enable_thinking, say) reach the template
+    bundle.tokenizer.chat_template = "{% if greet %}HI {% endif %}{{ messages[-1]['content'] }}"
+    assert bundle.render_prompt("q") == "q"
+    bundle.chat_template_kwargs = {"greet": True}
+    assert bundle.render_prompt("q") == "HI q"
+
     plain = CausalLMBundle.tiny_qwen3(chat_template=False)
     assert not plain.has_chat_template
     assert plain.render_prompt("1+2") == "1+2"

@@ -165,6 +165,8 @@ def test_bad_prompts_raise_naming_sample_and_value() -> None:
         )
     with pytest.raises(ValueError, match=r"sample 'n0' has no text input"):
         pipe.generate([Sample(id="n0", group_id="g")], rollout_step=0)
+    with pytest.raises(ValueError, match="prompt_template='Q: '"):
+        ARPipeline(small, ARSamplingParams(max_new_tokens=4), prompt_template="Q: ")
     with pytest.raises(ValueError, match="max_batch_size=0"):
         ARPipeline(small, ARSamplingParams(max_new_tokens=4), max_batch_size=0)
 
@@ -173,3 +175,17 @@ def test_max_batch_size_chunks_give_the_same_draws(bundle: CausalLMBundle) -> No
     pipe = ARPipeline(bundle, ARSamplingParams(max_new_tokens=8), max_batch_size=1)
     chunked = [s.part("ar").segment.response_ids for s in pipe.generate(make_samples(), rollout_step=2)]
     assert chunked == ids(run(bundle, make_samples(), step=2, max_new_tokens=8))
+
+
+def test_is_a_pipeline_and_runs_under_trainside_engine(bundle: CausalLMBundle) -> None:
+    from unirl.rollout.engines.trainside import TrainsideEngine
+    from unirl.rollout.pipelines.base import Pipeline
+
+    pipe = ARPipeline(bundle, ARSamplingParams(max_new_tokens=4))
+    assert isinstance(pipe, Pipeline) and pipe.stage == "ar" and pipe.model is bundle.model
+    engine = TrainsideEngine(pipe, weight_version=7)
+    bundle.model.train()
+    out = engine.generate(make_samples()[:2], rollout_step=0)
+    assert [s.part("ar").weight_version for s in out] == [7, 7]
+    assert bundle.model.training
+    bundle.model.eval()

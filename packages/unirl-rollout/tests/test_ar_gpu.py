@@ -84,25 +84,52 @@ def test_gpu_bf16_ratio_is_close() -> None:
     assert d.abs().mean() < 5e-2
 
 
-def test_gpu_decode_loop_has_few_host_syncs() -> None:
-    bundle = _bundle(torch.bfloat16, vocab=4096, hidden=256, layers=2, heads=4, kv=2, inter=512)
-    prompts = [bundle.encode_prompt(s.prompt) for s in _samples(8)]
-    N = 64
-    kw = dict(
-        uniforms_BN=draw_uniforms(list(range(8)), N), limits=[N] * 8, temperature=1.0, top_k=20, top_p=0.9,
-        stop_token_ids=[], pad_token_id=0, sync_every=N,
-    )  # fmt: skip
-    decode(bundle.model, prompts, **kw)  # warm-up
+class _SyncFreeLM(torch.nn.Module):
+    """A stand-in LM whose forward never syncs: isolates the decode loop's own host syncs."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, vocab)
+
+    def forward(
+        self, input_ids: torch.Tensor, cache: object = None, logits_to_keep: int = 0, **_: object
+    ) -> object:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.emb(input_ids[:, -1:]))
+
+
+def _count_syncs(fn: object) -> int:
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            decode(bundle.model, prompts, **kw)
+            fn()  # type: ignore[operator]
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    syncs = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message).lower()]
-    print(f"host syncs in a {N}-step decode: {len(syncs)}; distinct: {sorted(set(syncs))[:5]}")
-    assert len(syncs) < N, "the decode loop syncs the host once per token or more"
+    return sum("synchroniz" in str(w.message).lower() for w in caught)
+
+
+@pytest.mark.parametrize("which", ["sync_free_lm", "qwen3"])
+def test_gpu_decode_loop_does_not_sync_per_token(which: str) -> None:
+    N, B = 64, 8
+    if which == "qwen3":
+        model = _bundle(torch.bfloat16, vocab=4096, hidden=256, layers=2, heads=4, kv=2, inter=512).model
+    else:
+        model = _SyncFreeLM(4096).cuda()
+    prompts = [[5 + i] * (3 + i) for i in range(B)]
+    kw = dict(
+        uniforms_BN=draw_uniforms(list(range(B)), N), limits=[N] * B, temperature=1.0, top_k=20, top_p=0.9,
+        stop_token_ids=[2], pad_token_id=0, sync_every=16,
+    )  # fmt: skip
+    decode(model, prompts, **kw)  # warm-up
+    syncs = _count_syncs(lambda: decode(model, prompts, **kw))
+    print(f"{which}: {syncs} host syncs in a {N}-step decode (sync_every=16)")
+    # ours: one all-finished check per 16 steps (3), the final copies to host (4) and the setup's
+    # host-to-device copies (~7), independent of N; transformers' mask preparation adds one per
+    # forward (``fast_all(padding_mask)`` in masking_utils), as it does in ``generate``.
+    budget = 20 if which == "sync_free_lm" else 20 + N + 1
+    assert syncs <= budget
 
 
 def bench(batch: int = 64, prompt_chars: int = 100, new_tokens: int = 256) -> None:

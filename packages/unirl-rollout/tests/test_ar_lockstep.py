@@ -63,7 +63,9 @@ def test_lockstep_ranks_run_equal_forwards(tmp_path: Path) -> None:
         "WORLD_SIZE": "2",
     }
     procs = [
-        subprocess.Popen([sys.executable, str(script), str(tmp_path / f"r{r}.json")], env={**env, "RANK": str(r)})
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / f"r{r}.json")], env={**env, "RANK": str(r)}
+        )
         for r in range(2)
     ]
     for p in procs:

@@ -220,3 +220,46 @@ def test_replay_is_exact_for_same_shape_and_close_for_other_splits(sd3_bundle) -
             assert torch.equal(pipe.replay_step(parts, j).log_prob, stored)
             one = torch.cat([pipe.replay_step([p], j).log_prob for p in parts])
         torch.testing.assert_close(one, stored, atol=1e-5, rtol=0)
+
+
+def test_prompt_from_parent_part_and_chunking(sd3_bundle) -> None:  # type: ignore[no-untyped-def]
+    # prompt enhancer: the diffusion Part renders the AR Part's rewrite and records it as its parent
+    from unirl.types import Part
+
+    def enhanced() -> list[Sample]:
+        out = make_samples()
+        for s in out:
+            s.parts.append(
+                Part(name="ar", outputs=[TextPrimitive(text="a big red star")], status="completed")
+            )
+        return out
+
+    whole = FlowMatchPipeline(sd3_bundle, default_params=params(), prompt_part="ar").generate(
+        enhanced(), rollout_step=0
+    )
+    part = whole[0].part("diffusion")
+    assert part.parent == "ar"
+    expected = sd3_bundle.encode_prompts(["a big red star"])[0]
+    torch.testing.assert_close(part.conditions["prompt_embeds"], expected["prompt_embeds"])
+    # chunks of 1 draw the same noise per sample: same trajectories up to batched-kernel rounding
+    chunked = FlowMatchPipeline(
+        sd3_bundle, default_params=params(), prompt_part="ar", max_batch_size=1
+    ).generate(enhanced(), rollout_step=0)
+    for a, b in zip(whole, chunked):
+        sa, sb = a.part("diffusion").segment, b.part("diffusion").segment
+        assert torch.equal(sa.latent_at(0), sb.latent_at(0))
+        torch.testing.assert_close(sa.latent_at(4), sb.latent_at(4), atol=1e-5, rtol=0)
+
+
+def test_dynamic_shift_pins_the_sd3_pipeline_schedule(sd3_bundle) -> None:  # type: ignore[no-untyped-def]
+    # SD3 with a dynamic-shifting scheduler: mu from (h / patch) * (w / patch) tokens, scheduler grid
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from unirl.rollout.pipelines import pin_sigmas
+    from unirl.rollout.schedules import calculate_shift
+
+    p = pin_sigmas(params(num_steps=6, dynamic_shift=True), sd3_bundle)
+    sched = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)
+    sched.set_timesteps(6, mu=calculate_shift(sd3_bundle.image_seq_len(16, 16)))
+    assert p.sigmas == sched.sigmas.tolist()
+    assert pin_sigmas(p, sd3_bundle) is p  # an already pinned (echoed) schedule is kept as is

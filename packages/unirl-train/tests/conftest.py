@@ -106,7 +106,9 @@ def token_parts(n: int = 8, seed: int = 0) -> list[Part]:
 class VelocityMLP(torch.nn.Module):
     def __init__(self, dim: int = 4, cond: int = 2) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(dim + 1 + cond, 16), torch.nn.Tanh(), torch.nn.Linear(16, dim))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(dim + 1 + cond, 16), torch.nn.Tanh(), torch.nn.Linear(16, dim)
+        )
 
     def forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         return self.net(torch.cat([x, sigma[:, None], cond], dim=-1))
@@ -155,15 +157,34 @@ class FlowPipeline:
             for j in range(len(sigmas) - 1):
                 v = self.velocity(xs[-1][None], torch.tensor([sigmas[j]]), [cond])
                 eta = self.eta if j in sde else 0.0
-                r = flow_sde_step(xs[-1][None], v, sigmas[j], sigmas[j + 1], eta, sigma_at_one=sigmas[1],
-                                  noise=torch.randn(1, 4, generator=g))
+                r = flow_sde_step(
+                    xs[-1][None],
+                    v,
+                    sigmas[j],
+                    sigmas[j + 1],
+                    eta,
+                    sigma_at_one=sigmas[1],
+                    noise=torch.randn(1, 4, generator=g),
+                )
                 xs.append(r.x_next[0])
                 if j in sde:
                     logps.append(r.log_prob[0])
-            seg = LatentTrajectory(latents=torch.stack(xs), positions=list(range(len(sigmas))), sigmas=sigmas,
-                                   sde_indices=list(sde), log_probs=torch.stack(logps).float())
-            parts.append(Part(name="diffusion", segment=seg, conditions=cond, advantage=float(i % 3) - 1.0 + 0.1 * i,
-                              status="completed"))
+            seg = LatentTrajectory(
+                latents=torch.stack(xs),
+                positions=list(range(len(sigmas))),
+                sigmas=sigmas,
+                sde_indices=list(sde),
+                log_probs=torch.stack(logps).float(),
+            )
+            parts.append(
+                Part(
+                    name="diffusion",
+                    segment=seg,
+                    conditions=cond,
+                    advantage=float(i % 3) - 1.0 + 0.1 * i,
+                    status="completed",
+                )
+            )
         return parts
 
 

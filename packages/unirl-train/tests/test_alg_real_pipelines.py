@@ -12,7 +12,8 @@ from unirl.rollout.ar.bundle import CausalLMBundle
 from unirl.rollout.ar.pipeline import ARPipeline
 from unirl.rollout.models.sd3 import SD3Bundle
 from unirl.rollout.pipelines import FlowMatchPipeline
-from unirl.train.algorithms import BatchTotals, FlowDPPOConfig, FlowGRPOConfig, GRPOConfig
+from unirl.train.algorithms import BatchTotals, DiffusionNFTConfig, FlowDPPOConfig, FlowGRPOConfig, GRPOConfig
+from unirl.train.ema import EMA, EMAConfig
 from unirl.types import ARSamplingParams, DiffusionSamplingParams, NoiseRecipe, Sample, TextPrimitive
 
 PROMPTS = ["a red circle", "two blue squares"]
@@ -70,6 +71,26 @@ def test_flow_real_pipeline_ratio_one_and_split_invariance(flow_parts, cfg):
     micro, g_micro, _ = _run(alg, pipe, module, parts, totals, [parts[:1], parts[1:3], parts[3:]])
     assert abs(full - micro) < 1e-6
     assert g_full and len(g_full) == len(g_micro)
+    for a, b in zip(g_full, g_micro):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    module.zero_grad(set_to_none=True)
+
+
+def test_nft_real_pipeline_with_the_train_ema_as_old_policy(flow_parts):
+    pipe, parts = flow_parts
+    module = pipe.bundle.transformer
+    cfg = DiffusionNFTConfig(timesteps_per_sample=2)
+    ema = EMA(dict(module.named_parameters()), EMAConfig(**cfg.ema_config()))
+    alg = cfg.build()
+    alg.set_old_policy(ema.applied)
+    alg.prepare(parts, pipe)
+    s, t, n = alg.count(parts)
+    totals = BatchTotals(num_samples=s, num_tokens=t, num_steps=n)
+    full, g_full, ms = _run(alg, pipe, module, parts, totals, [parts])
+    assert ms[0]["velocity_gap"] < 1e-10  # EMA == current weights before any step: v_theta == v_old
+    micro, g_micro, _ = _run(alg, pipe, module, parts, totals, [parts[:2], parts[2:]])
+    assert abs(full - micro) < 1e-5 * max(1.0, abs(full))
+    assert g_full and any(g.abs().sum() > 0 for g in g_full)
     for a, b in zip(g_full, g_micro):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
     module.zero_grad(set_to_none=True)

@@ -96,4 +96,6 @@ def test_missing_features_give_clear_errors() -> None:
     with pytest.raises(ValueError, match="needs lora"):
         FSDPConfig(optimizer=AdamWConfig(lr=1.0), reference="lora_base").build(torch.nn.Linear(1, 1), "cpu")
     with pytest.raises(ValueError, match="gradient_checkpointing"):
-        FSDPConfig(optimizer=AdamWConfig(lr=1.0), gradient_checkpointing=True).build(torch.nn.Linear(1, 1), "cpu")
+        FSDPConfig(optimizer=AdamWConfig(lr=1.0), gradient_checkpointing=True).build(
+            torch.nn.Linear(1, 1), "cpu"
+        )

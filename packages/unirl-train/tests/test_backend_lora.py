@@ -44,15 +44,18 @@ def test_injects_only_into_targets() -> None:
     net = inject_lora(Net(), CFG)
     assert sorted(lora_layers(net)) == [f"blocks.{i}.{m}" for i in (0, 1) for m in ("to_k", "to_q")]
     trainable = sorted(n for n, p in net.named_parameters() if p.requires_grad)
-    assert trainable == sorted(f"blocks.{i}.{m}.lora_{ab}.default.weight" for i in (0, 1) for m in ("to_k", "to_q") for ab in "AB")
+    assert trainable == sorted(
+        f"blocks.{i}.{m}.lora_{ab}.default.weight" for i in (0, 1) for m in ("to_k", "to_q") for ab in "AB"
+    )
     with pytest.raises(ValueError, match="target_modules"):
         inject_lora(Net(), LoRAConfig(r=2, alpha=2.0, target_modules=["nope"]))
 
 
 def train_lora_backend(reference: str = "lora_base"):
     torch.manual_seed(0)
-    backend = FSDPConfig(optimizer=AdamWConfig(lr=0.05), lora=CFG, reference=reference,
-                         shard_modules=["Attn"]).build(Net(), "cpu")
+    backend = FSDPConfig(
+        optimizer=AdamWConfig(lr=0.05), lora=CFG, reference=reference, shard_modules=["Attn"]
+    ).build(Net(), "cpu")
     before = {n: full(p) for n, p in backend.module.named_parameters()}
     x = torch.randn(6, 4)
     for _ in range(3):
@@ -88,6 +91,9 @@ def test_merged_weights_reproduce_the_adapted_model() -> None:
         torch.testing.assert_close(plain(x), backend.module(x), atol=1e-5, rtol=1e-5)
     adapters = adapter_state_dict(backend.full_state_dict(merge_lora=False))
     assert sorted(adapters)[0] == "blocks.0.to_k.lora_A.weight" and len(adapters) == 8
+    only = backend.lora_state_dict()  # gathers the adapters only
+    assert sorted(only) == sorted(adapters)
+    assert all(torch.equal(only[k], adapters[k]) for k in adapters)
 
 
 def test_lora_disabled_requires_lora() -> None:

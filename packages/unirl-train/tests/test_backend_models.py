@@ -16,8 +16,16 @@ def tiny_sd3():
     from diffusers import SD3Transformer2DModel
 
     return SD3Transformer2DModel(
-        sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8,
-        num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16, pooled_projection_dim=8,
+        sample_size=8,
+        patch_size=2,
+        in_channels=4,
+        out_channels=4,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=16,
+        caption_projection_dim=16,
+        pooled_projection_dim=8,
         pos_embed_max_size=8,
     )
 
@@ -38,8 +46,15 @@ def tiny_qwen3():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
     )
     return Qwen3ForCausalLM(cfg)
 
@@ -54,7 +69,9 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("make", "loss_fn", "blocks"), [(tiny_sd3, sd3_loss, 2), (tiny_qwen3, qwen3_loss, 2)], ids=["sd3", "qwen3"]
+    ("make", "loss_fn", "blocks"),
+    [(tiny_sd3, sd3_loss, 2), (tiny_qwen3, qwen3_loss, 2)],
+    ids=["sd3", "qwen3"],
 )
 def test_full_finetune_with_checkpointing_and_ema(make, loss_fn, blocks) -> None:
     torch.manual_seed(0)
@@ -63,7 +80,7 @@ def test_full_finetune_with_checkpointing_and_ema(make, loss_fn, blocks) -> None
     assert backend.num_sharded_blocks == blocks  # one fully_shard per _no_split_modules block
     assert all(isinstance(p, DTensor) for p in backend.module.parameters())
     m = backend.module
-    assert getattr(m, "is_gradient_checkpointing", False) or m.gradient_checkpointing
+    assert getattr(m, "is_activation_checkpointing", False) or m.gradient_checkpointing
     before = {n: full(p) for n, p in backend.trainable.items()}
     loss = loss_fn(backend.module)
     backend.backward(loss)
@@ -77,13 +94,19 @@ def test_full_finetune_with_checkpointing_and_ema(make, loss_fn, blocks) -> None
 
 @pytest.mark.parametrize(
     ("make", "loss_fn", "targets"),
-    [(tiny_sd3, sd3_loss, ["to_q", "to_k", "to_v", "to_out.0"]), (tiny_qwen3, qwen3_loss, ["q_proj", "v_proj"])],
+    [
+        (tiny_sd3, sd3_loss, ["to_q", "to_k", "to_v", "to_out.0"]),
+        (tiny_qwen3, qwen3_loss, ["q_proj", "v_proj"]),
+    ],
     ids=["sd3", "qwen3"],
 )
 def test_lora_on_attention_projections(make, loss_fn, targets) -> None:
     torch.manual_seed(0)
-    cfg = FSDPConfig(optimizer=AdamWConfig(lr=1e-2), lora=LoRAConfig(r=2, alpha=2.0, target_modules=targets),
-                     reference="lora_base")
+    cfg = FSDPConfig(
+        optimizer=AdamWConfig(lr=1e-2),
+        lora=LoRAConfig(r=2, alpha=2.0, target_modules=targets),
+        reference="lora_base",
+    )
     backend = cfg.build(make(), "cpu")
     assert backend.trainable and all("lora_" in n for n in backend.trainable)
     with torch.no_grad(), backend.reference_weights():

@@ -30,16 +30,24 @@ def _train(tiny, rank: int, world: int, out_dir: str) -> dict:
     torch.manual_seed(0)
     cfg = FSDPConfig(optimizer=AdamWConfig(lr=0.05), grad_clip=0.5, ema=EMAConfig(decay=0.9))
     backend = cfg.build(tiny.BigramPolicy(), "cpu")
-    stack = TrainStack(backend, tiny.TokenPPO(), tiny.TokenPipeline(backend.module),
-                       BatchGeometry(micro_batch_size=2, num_updates_per_batch=2))
+    stack = TrainStack(
+        backend,
+        tiny.TokenPPO(),
+        tiny.TokenPipeline(backend.module),
+        BatchGeometry(micro_batch_size=2, num_updates_per_batch=2),
+    )
     parts = tiny.token_parts(8)
     per_rank = len(parts) // world
     metrics = stack.train_on(parts[rank * per_rank : (rank + 1) * per_rank])
     full = backend.full_state_dict()
     path = ckpt.save_checkpoint(Path(out_dir) / f"ckpt-ws{world}", backend, extra={"cursor": 8})
     extra = ckpt.load_checkpoint(path, backend)
-    return {"params": full, "grad_norm": torch.tensor(metrics["grad_norm"]),
-            "loss": torch.tensor(metrics["loss"]), "cursor": extra["cursor"]}
+    return {
+        "params": full,
+        "grad_norm": torch.tensor(metrics["grad_norm"]),
+        "loss": torch.tensor(metrics["loss"]),
+        "cursor": extra["cursor"],
+    }
 
 
 def _worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
@@ -60,7 +68,9 @@ def _worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
 
 def test_world_size_two_matches_one(tiny, tmp_path: Path) -> None:
     one = _train(tiny, 0, 1, str(tmp_path))  # in this process (world size 1)
-    mp.start_processes(_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(
+        _worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, start_method="spawn"
+    )
     two = torch.load(tmp_path / "ws2.pt", weights_only=True)
     assert two["cursor"] == 8
     assert float(two["grad_norm"]) == pytest.approx(float(one["grad_norm"]), rel=1e-5)

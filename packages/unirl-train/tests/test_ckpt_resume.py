@@ -19,10 +19,16 @@ from unirl.train.optim import AdamWConfig, CosineSchedule
 from unirl.train.stack import TrainStack
 
 CONFIGS = {
-    "full": FSDPConfig(optimizer=AdamWConfig(lr=0.05, weight_decay=0.01), ema=EMAConfig(decay=0.9),
-                       scheduler=CosineSchedule(total_steps=10, warmup_steps=2, min_lr_ratio=0.1)),
-    "lora": FSDPConfig(optimizer=AdamWConfig(lr=0.05), ema=EMAConfig(decay=0.5, ramp=0.1),
-                       lora=LoRAConfig(r=2, alpha=4.0, dropout=0.25, target_modules=["head"])),
+    "full": FSDPConfig(
+        optimizer=AdamWConfig(lr=0.05, weight_decay=0.01),
+        ema=EMAConfig(decay=0.9),
+        scheduler=CosineSchedule(total_steps=10, warmup_steps=2, min_lr_ratio=0.1),
+    ),
+    "lora": FSDPConfig(
+        optimizer=AdamWConfig(lr=0.05),
+        ema=EMAConfig(decay=0.5, ramp=0.1),
+        lora=LoRAConfig(r=2, alpha=4.0, dropout=0.25, target_modules=["head"]),
+    ),
 }
 
 
@@ -88,7 +94,11 @@ def test_lora_checkpoint_holds_only_adapter_weights(tiny, tmp_path) -> None:
     state = torch.load(path / "state.pt", weights_only=True)
     assert state["model"] and all("lora_" in k for k in state["model"])
     assert set(state["ema"]) == set(state["model"])
-    assert json.loads((path / "meta.json").read_text()) == {"format_version": 1, "global_step": 4, "world_size": 1}
+    assert json.loads((path / "meta.json").read_text()) == {
+        "format_version": 1,
+        "global_step": 4,
+        "world_size": 1,
+    }
     assert sorted(p.name for p in path.iterdir()) == ["extra.json", "meta.json", "rng-0.pt", "state.pt"]
 
 
@@ -137,3 +147,21 @@ def test_rng_roundtrip() -> None:
     ckpt.restore_rng_state(state)
     b = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+
+
+def test_buffers_round_trip(tmp_path) -> None:
+    class WithBuffer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+            self.register_buffer("scale", torch.tensor([2.0, 3.0]))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * self.scale
+
+    backend = FSDPConfig(optimizer=AdamWConfig(lr=0.1)).build(WithBuffer(), "cpu")
+    path = ckpt.save_checkpoint(tmp_path / "b", backend)
+    with torch.no_grad():
+        backend.module.scale.fill_(0.0)
+    ckpt.load_checkpoint(path, backend)
+    torch.testing.assert_close(full(backend.module.scale), torch.tensor([2.0, 3.0]))

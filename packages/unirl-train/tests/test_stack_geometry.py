@@ -16,7 +16,9 @@ from unirl.train.stack import TrainStack, aggregate, local_counts
 
 
 def test_micro_batch_larger_than_shard_names_field_and_values() -> None:
-    with pytest.raises(ValueError, match=r"micro_batch_size=16 is larger than the mini-batch \(8 Parts; shard 8"):
+    with pytest.raises(
+        ValueError, match=r"micro_batch_size=16 is larger than the mini-batch \(8 Parts; shard 8"
+    ):
         BatchGeometry(micro_batch_size=16).check_shard(8)
     with pytest.raises(ValueError, match=r"mini_batch_size=4.*divides"):
         BatchGeometry(micro_batch_size=2, mini_batch_size=4).check_shard(6)
@@ -51,13 +53,21 @@ def test_local_counts(tiny) -> None:
 def test_aggregate_worked_example() -> None:
     steps = [
         (StepStats(grad_norm=2.0, lr=0.1, skipped_nonfinite=False, global_step=1), {"loss": 1.0, "kl": 0.5}),
-        (StepStats(grad_norm=math.nan, lr=0.2, skipped_nonfinite=True, global_step=1), {"loss": 3.0, "kl": 1.5}),
+        (
+            StepStats(grad_norm=math.nan, lr=0.2, skipped_nonfinite=True, global_step=1),
+            {"loss": 3.0, "kl": 1.5},
+        ),
         (StepStats(grad_norm=4.0, lr=0.3, skipped_nonfinite=False, global_step=2), {"loss": 2.0, "kl": 1.0}),
     ]
     m = aggregate(steps, global_step=2)
     assert m["loss"] == pytest.approx(2.0) and m["kl"] == pytest.approx(1.0)
     assert m["grad_norm"] == pytest.approx(3.0) and m["grad_norm_max"] == 4.0  # skipped step excluded
-    assert (m["lr"], m["skipped_nonfinite"], m["num_optimizer_steps"], m["global_step"]) == (0.3, 1.0, 2.0, 2.0)
+    assert (m["lr"], m["skipped_nonfinite"], m["num_optimizer_steps"], m["global_step"]) == (
+        0.3,
+        1.0,
+        2.0,
+        2.0,
+    )
 
 
 def test_micro_batch_metrics_are_token_weighted(tiny) -> None:
@@ -68,7 +78,9 @@ def test_micro_batch_metrics_are_token_weighted(tiny) -> None:
 
     torch.manual_seed(0)
     backend = FSDPConfig(optimizer=AdamWConfig(lr=0.01)).build(tiny.BigramPolicy(), "cpu")
-    stack = TrainStack(backend, Const(), tiny.TokenPipeline(backend.module), BatchGeometry(micro_batch_size=2))
+    stack = TrainStack(
+        backend, Const(), tiny.TokenPipeline(backend.module), BatchGeometry(micro_batch_size=2)
+    )
     m = stack.train_on(tiny.token_parts(4))  # micro-batches of 1+2 and 2+3 tokens
     assert m["tokens_seen"] == pytest.approx(3 * 3 / 8 + 5 * 5 / 8)
 
@@ -77,8 +89,12 @@ def test_nonfinite_loss_skips_the_step_and_reports_it(tiny) -> None:
     torch.manual_seed(0)
     backend = FSDPConfig(optimizer=AdamWConfig(lr=0.01)).build(tiny.BigramPolicy(), "cpu")
     before = {n: p.full_tensor().clone() for n, p in backend.module.named_parameters()}
-    stack = TrainStack(backend, tiny.TokenPPO(), tiny.TokenPipeline(backend.module),
-                       BatchGeometry(micro_batch_size=2, mini_batch_size=4))
+    stack = TrainStack(
+        backend,
+        tiny.TokenPPO(),
+        tiny.TokenPipeline(backend.module),
+        BatchGeometry(micro_batch_size=2, mini_batch_size=4),
+    )
     parts = tiny.token_parts(8)
     parts[5].advantage = math.nan  # poisons the second mini-batch only
     m = stack.train_on(parts)

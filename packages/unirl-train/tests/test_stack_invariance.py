@@ -22,7 +22,10 @@ SPLITS = [8, 1, 2]  # micro_batch_size for 1x8, 8x1, 4x2
 
 
 def params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for n, p in module.named_parameters()}
+    return {
+        n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for n, p in module.named_parameters()
+    }
 
 
 def run_tokens(tiny, micro: int, updates: int = 2, local_norm: bool = False):
@@ -30,8 +33,12 @@ def run_tokens(tiny, micro: int, updates: int = 2, local_norm: bool = False):
     module = tiny.BigramPolicy()
     backend = FSDPConfig(optimizer=AdamWConfig(lr=0.05), grad_clip=None).build(module, "cpu")
     algo = tiny.TokenPPO(local_norm=local_norm)
-    stack = TrainStack(backend, algo, tiny.TokenPipeline(backend.module),
-                       BatchGeometry(micro_batch_size=micro, num_updates_per_batch=updates))
+    stack = TrainStack(
+        backend,
+        algo,
+        tiny.TokenPipeline(backend.module),
+        BatchGeometry(micro_batch_size=micro, num_updates_per_batch=updates),
+    )
     metrics = stack.train_on(tiny.token_parts(8))
     return metrics, params(backend.module), algo
 

@@ -37,6 +37,12 @@ class ShapesWorldConfig:
     gap: minimum empty pixels between two objects' bounding boxes (so components never merge).
     held_out_fraction: fraction of the meaning classes (canonical specs) held out, per kind.
     split_seed: seed of the split permutation (independent of the sampling seed).
+    max_count_single, max_count_pair: largest group size in one-group / relation captions.
+    include_single, include_pairs, shapes, relations: the sub-grammar (e.g. one shape only, or no
+        relation captions) for an easier world.
+    layout: "free" places objects anywhere (pixel positions); "grid" centres each object in one
+        cell of a `grid_cells` x `grid_cells` grid (objects of side cell - gap): fewer layouts, so a
+        tiny model learns it in far fewer steps.
     """
 
     resolution: int = 32
@@ -47,8 +53,23 @@ class ShapesWorldConfig:
     split_seed: int = 0
     max_count_single: int = 3
     max_count_pair: int = 2
+    layout: Literal["free", "grid"] = "free"
+    grid_cells: int = 4
+    include_single: bool = True
+    include_pairs: bool = True
+    shapes: tuple[str, ...] = ("circle", "square")
+    relations: tuple[str, ...] = ("left of", "right of", "above", "below")
 
     def __post_init__(self) -> None:
+        if self.layout not in ("free", "grid"):
+            raise ValueError(f"layout={self.layout!r}: allowed 'free' or 'grid'")
+        if self.layout == "grid":
+            cell = self.resolution // max(self.grid_cells, 1)
+            if self.grid_cells < 2 or self.resolution % self.grid_cells or cell - self.gap < 3:
+                raise ValueError(
+                    f"layout='grid' needs resolution ({self.resolution}) divisible by grid_cells "
+                    f"({self.grid_cells}) >= 2 with cell side - gap >= 3 pixels"
+                )
         if not 1 <= self.size_min <= self.size_max:
             raise ValueError(f"size_min={self.size_min}, size_max={self.size_max}: need 1 <= min <= max")
         if self.resolution < 2 * (self.size_max + self.gap) + 2:
@@ -105,7 +126,11 @@ def _separated(a: PlacedObject, b: PlacedObject, gap: int) -> bool:
     )
 
 
-def _relation_ok(relation: str | None, first: list[PlacedObject], second: list[PlacedObject]) -> bool:
+def relation_satisfied(
+    relation: str | None,
+    first: list[PlacedObject] | tuple[PlacedObject, ...],
+    second: list[PlacedObject] | tuple[PlacedObject, ...],
+) -> bool:
     """Every object of the first group lies strictly on the named side of every object of the second."""
     if relation is None:
         return True
@@ -123,7 +148,17 @@ class ShapesWorld:
 
     def __init__(self, config: ShapesWorldConfig | None = None) -> None:
         self.config = config or ShapesWorldConfig()
-        specs = all_specs(self.config.max_count_single, self.config.max_count_pair)
+        cfg = self.config
+        specs = all_specs(
+            cfg.max_count_single,
+            cfg.max_count_pair,
+            include_single=cfg.include_single,
+            include_pairs=cfg.include_pairs,
+            shapes=cfg.shapes,
+            relations=cfg.relations,
+        )
+        if not specs:
+            raise ValueError("ShapesWorldConfig selects no captions: enable include_single or include_pairs")
         self._train, self._held_out = self._split(specs)
 
     def _split(self, specs: list[ShapesSpec]) -> tuple[list[ShapesSpec], list[ShapesSpec]]:
@@ -132,6 +167,8 @@ class ShapesWorld:
         held: set[str] = set()
         for n_groups in (1, 2):
             keys = sorted({spec_to_caption(s.canonical()) for s in specs if len(s.groups) == n_groups})
+            if not keys:
+                continue
             rng.shuffle(keys)
             held.update(keys[: max(1, round(self.config.held_out_fraction * len(keys)))])
         train = [s for s in specs if spec_to_caption(s.canonical()) not in held]
@@ -159,6 +196,8 @@ class ShapesWorld:
         and the second on the other, then objects are placed one by one with per-object rejection.
         """
         cfg = self.config
+        if cfg.layout == "grid":
+            return self._grid_layout(spec, rng, max_tries)
         res, smax = cfg.resolution, cfg.size_max
         for _ in range(max_tries):
             # (lo, hi) ranges of the top-left coordinate per group and axis, before subtracting size.
@@ -182,7 +221,29 @@ class ShapesWorld:
                     break
             if ok:
                 return placed
-        raise RuntimeError(f"no layout for {spec_to_caption(spec)!r} in {max_tries} tries; enlarge resolution")
+        raise RuntimeError(
+            f"no layout for {spec_to_caption(spec)!r} in {max_tries} tries; enlarge resolution"
+        )
+
+    def _grid_layout(self, spec: ShapesSpec, rng: np.random.Generator, max_tries: int) -> list[PlacedObject]:
+        """Each object centred in its own grid cell; relations hold strictly between cell rows/cols."""
+        cfg = self.config
+        n, cell = cfg.grid_cells, cfg.resolution // cfg.grid_cells
+        size = min(cfg.size_max, cell - cfg.gap)
+        offset = (cell - size) // 2
+        for _ in range(max_tries):
+            cells = rng.permutation(n * n)[: spec.num_objects]
+            rows, cols = cells // n, cells % n
+            k = spec.groups[0].count
+            placed = [
+                PlacedObject(g.colour, g.shape, int(c) * cell + offset, int(r) * cell + offset, size)
+                for g, r, c in zip(
+                    [g for g in spec.groups for _ in range(g.count)], rows.tolist(), cols.tolist()
+                )
+            ]
+            if relation_satisfied(spec.relation, placed[:k], placed[k:]):
+                return placed
+        raise RuntimeError(f"no grid layout for {spec_to_caption(spec)!r} in {max_tries} tries")
 
     def _place(
         self,
@@ -201,7 +262,11 @@ class ShapesWorld:
             if xhi - size < xlo or yhi - size < ylo:
                 return None
             obj = PlacedObject(
-                colour, shape, int(rng.integers(xlo, xhi - size + 1)), int(rng.integers(ylo, yhi - size + 1)), size
+                colour,
+                shape,
+                int(rng.integers(xlo, xhi - size + 1)),
+                int(rng.integers(ylo, yhi - size + 1)),
+                size,
             )
             if all(_separated(obj, o, cfg.gap) for o in placed):
                 return obj
@@ -230,6 +295,8 @@ def images_to_unit(images_BHWC: np.ndarray) -> np.ndarray:
 
 def unit_to_images(x_BCHW: np.ndarray) -> np.ndarray:
     """float [B, 3, H, W] in [-1, 1] -> uint8 [B, H, W, 3] (clipped and rounded)."""
-    return np.clip((np.asarray(x_BCHW, dtype=np.float32) + 1.0) * 127.5 + 0.5, 0, 255).astype(np.uint8).transpose(
-        0, 2, 3, 1
+    return (
+        np.clip((np.asarray(x_BCHW, dtype=np.float32) + 1.0) * 127.5 + 0.5, 0, 255)
+        .astype(np.uint8)
+        .transpose(0, 2, 3, 1)
     )

@@ -27,11 +27,13 @@ if TYPE_CHECKING:
     from unirl.distributed.placement import PlacementPlan, Slab, allocate_slabs, place, plan_placement
     from unirl.distributed.rank import MeshShape, RankInfo, all_rank_infos, rank_info
     from unirl.distributed.ray_remote import RayRemote
-    from unirl.distributed.remote import RemoteBase, RemoteFuture
+    from unirl.distributed.remote import Remote, RemoteBase, RemoteFuture
     from unirl.distributed.transport import (
         InProcessTransport,
         ObjectStoreTransport,
         P2PTransport,
+        SampleHandle,
+        SampleTransport,
         TensorHandle,
         TensorTransport,
     )
@@ -62,11 +64,14 @@ _HOME = {
     "all_rank_infos": "rank",
     "rank_info": "rank",
     "RayRemote": "ray_remote",
+    "Remote": "remote",
     "RemoteBase": "remote",
     "RemoteFuture": "remote",
     "InProcessTransport": "transport",
     "ObjectStoreTransport": "transport",
     "P2PTransport": "transport",
+    "SampleHandle": "transport",
+    "SampleTransport": "transport",
     "TensorHandle": "transport",
     "TensorTransport": "transport",
 }
@@ -84,10 +89,13 @@ __all__ = [
     "PlacementPlan",
     "RankInfo",
     "RayRemote",
+    "Remote",
     "RemoteBase",
     "RemoteCallError",
     "RemoteFuture",
     "RemoteTimeoutError",
+    "SampleHandle",
+    "SampleTransport",
     "Slab",
     "StaleWeightVersionError",
     "StandaloneGroup",

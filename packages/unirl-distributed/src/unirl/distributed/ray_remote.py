@@ -63,6 +63,11 @@ class WorkerHost:
             )
         return bound(*args, **kwargs)
 
+    def invoke_packed(self, method: str, call: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+        """:meth:`invoke` with ``(args, kwargs)`` packed in one (object-store) value."""
+        args, kwargs = call
+        return self.invoke(method, args, kwargs)
+
     def pid(self) -> int:
         """OS process id (tests kill workers by it)."""
         return os.getpid()
@@ -115,6 +120,8 @@ class RayFuture:
                     raise RemoteCallError(
                         f"{self.where}: rank {rank} raised {type(cause).__name__}: {cause}"
                     ) from cause
+                except rex.RayError as exc:  # object lost, out of memory, ...: Ray's own failures
+                    raise RemoteCallError(f"{self.where}: rank {rank}: Ray failed the call: {exc}") from exc
         return values
 
 
@@ -155,12 +162,15 @@ class RayRemote(RemoteBase[W]):
         process_group: bool = True,
         call_timeout_s: float | None = 300.0,
         startup_timeout_s: float = 60.0,
+        collective_timeout_s: float = 1800.0,
         cpus_per_worker: float = 1.0,
     ) -> RayRemote[W]:
         """Start ``mesh.world_size`` actors on ``slab`` (a fresh CPU slab when None) and build workers.
 
         ``share`` is the fraction of each device this Remote takes (colocated siblings use < 1);
         ``cpus_per_worker`` sizes the fresh slab (ignored when ``slab`` is given).
+        ``startup_timeout_s`` bounds each start-up phase; ``collective_timeout_s`` is the default
+        group's per-collective timeout (how long a rank waits for a dead or slow peer).
         """
         import ray
 
@@ -169,7 +179,12 @@ class RayRemote(RemoteBase[W]):
         if slab is None:
             plan = plan_placement({name: len(ranks)}, "separate")
             slab = allocate_slabs(plan, cpus_per_device=cpus_per_worker, timeout_s=startup_timeout_s)[name]
-        bundles = slab.claim(len(ranks), share, name)
+        try:
+            bundles = slab.claim(len(ranks), share, name)
+        except BaseException:
+            if owns:
+                slab.release()
+            raise
         actor_cls = ray.remote(WorkerHost)
         hosts: list[Any] = [
             actor_cls.options(**slab.actor_options(b, share), max_restarts=0, max_concurrency=1).remote(
@@ -185,7 +200,7 @@ class RayRemote(RemoteBase[W]):
                     startup_timeout_s
                 )[0]
                 backend: Backend = "nccl" if slab.device == "gpu" else "gloo"
-                refs = [h.init_process_group.remote(backend, addr, port, startup_timeout_s) for h in hosts]
+                refs = [h.init_process_group.remote(backend, addr, port, collective_timeout_s) for h in hosts]
                 RayFuture(refs, range(len(hosts)), f"{name}.init_process_group").result(startup_timeout_s)
             refs = [h.construct.remote(factory) for h in hosts]
             RayFuture(refs, range(len(hosts)), f"{name}.construct").result(startup_timeout_s)
@@ -204,7 +219,15 @@ class RayRemote(RemoteBase[W]):
     def _submit(self, method: str, targets: Sequence[int], calls: Sequence[Call]) -> RayFuture:
         if not self.hosts:
             raise RemoteCallError(f"{self.name}.{method}: the Remote was shut down")
-        refs = [self.hosts[r].invoke.remote(method, a, k) for r, (a, k) in zip(targets, calls)]
+        import ray
+
+        if len(calls) > 1 and all(c is calls[0] for c in calls):
+            # one-to-all: serialise the arguments once into the object store; every worker reads
+            # the same copy (Ray resolves a top-level ObjectRef argument before the call runs)
+            shared = ray.put(calls[0])
+            refs = [self.hosts[r].invoke_packed.remote(method, shared) for r in targets]
+        else:
+            refs = [self.hosts[r].invoke.remote(method, a, k) for r, (a, k) in zip(targets, calls)]
         return RayFuture(refs, targets, f"{self.name}.{method}")
 
     def shutdown(self) -> None:

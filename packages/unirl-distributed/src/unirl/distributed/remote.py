@@ -158,5 +158,9 @@ class RemoteBase(abc.ABC, Generic[W]):
         return self.call_dp(fn, args[0])
 
 
+Remote = RemoteBase
+"""The name the design uses: ``Remote[W]`` is any worker group of ``W`` workers."""
+
+
 def _first(values: list[R]) -> R:
     return values[0]

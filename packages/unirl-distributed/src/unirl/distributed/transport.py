@@ -8,6 +8,8 @@
 - :class:`InProcessTransport`: same interface, for LocalRemote runs and tests.
 - :class:`P2PTransport`: torch.distributed send/recv between two ranks of a group: a JSON header
   (length, then bytes) followed by one message per tensor; the receiver allocates from the header.
+- :class:`SampleTransport`: batches of ``unirl.types.Sample`` through the object store, encoded
+  with the schema's own pickle-free binary codec and validated on arrival.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
 from unirl.distributed.codec import TensorMeta, byte_view, from_bytes, metas_from_bytes, metas_to_bytes
 from unirl.distributed.collective import StandaloneGroup
+
+if TYPE_CHECKING:
+    from unirl.types import Sample
 
 
 @dataclass(frozen=True)
@@ -141,3 +146,55 @@ class P2PTransport:
             self.group.recv(buf, src)
             out[meta.name] = from_bytes(buf, meta)
         return out
+
+
+@dataclass(frozen=True)
+class SampleHandle:
+    """A batch of Samples in the object store: a reference to their binary encoding."""
+
+    ref: Any
+    count: int
+    nbytes: int
+
+
+class SampleTransport:
+    """Sample batches through the Ray object store (or a dict with ``in_process=True``).
+
+    The payload is ``unirl.types.to_bytes`` output (msgpack + raw tensor bytes, no pickle); the
+    consumer validates it back into Samples with ``unirl.types.list_from_bytes``.
+    """
+
+    def __init__(self, in_process: bool = False) -> None:
+        self.in_process = in_process
+        self._store: dict[int, bytes] = {}
+        self._ids = itertools.count()
+
+    def put(self, samples: list[Sample]) -> SampleHandle:
+        """Encode and publish ``samples``."""
+        from unirl.types import to_bytes
+
+        data = to_bytes(list(samples))
+        if self.in_process:
+            key = next(self._ids)
+            self._store[key] = data
+            return SampleHandle(key, len(samples), len(data))
+        import ray
+
+        return SampleHandle(ray.put(data), len(samples), len(data))
+
+    def get(self, handle: SampleHandle) -> list[Sample]:
+        """Fetch and validate the Samples behind ``handle``."""
+        from unirl.types import Sample, list_from_bytes
+
+        if self.in_process:
+            data: object = self._store[handle.ref]
+        else:
+            import ray
+
+            data = ray.get(handle.ref)
+        if not isinstance(data, bytes):
+            raise TypeError(f"sample payload must be bytes, got {type(data).__name__}")
+        samples = list_from_bytes(Sample, data)
+        if len(samples) != handle.count:
+            raise ValueError(f"sample payload holds {len(samples)} samples, the handle says {handle.count}")
+        return samples

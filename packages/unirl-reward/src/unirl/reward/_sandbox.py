@@ -9,6 +9,7 @@ as JSON text, never pickle.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import multiprocessing as mp
@@ -59,7 +60,9 @@ class IsolatedRunner:
         child.close()
         if not parent.poll(self.startup_timeout_s):
             proc.kill()
-            raise RuntimeError(f"isolated worker for {self.fn_path} did not start in {self.startup_timeout_s}s")
+            raise RuntimeError(
+                f"isolated worker for {self.fn_path} did not start in {self.startup_timeout_s}s"
+            )
         parent.recv_bytes()
         self._proc, self._conn = proc, parent
         return parent
@@ -92,7 +95,5 @@ class IsolatedRunner:
             self._kill()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self._kill()
-        except Exception:
-            pass

@@ -60,11 +60,15 @@ def _detail(resp: httpx.Response) -> str:
 
 def _check(resp: httpx.Response) -> None:
     if resp.status_code >= 400:
-        raise RewardClientError(f"reward server answered {resp.status_code}: {_detail(resp)}", resp.status_code)
+        raise RewardClientError(
+            f"reward server answered {resp.status_code}: {_detail(resp)}", resp.status_code
+        )
 
 
 def _build_request(items: Sequence[ScoreItem], request_id: str | None, media: MediaEncoding) -> bytes:
-    req = ScoreRequest(request_id=request_id or uuid.uuid4().hex, items=[item_to_wire(i, media) for i in items])
+    req = ScoreRequest(
+        request_id=request_id or uuid.uuid4().hex, items=[item_to_wire(i, media) for i in items]
+    )
     return req.model_dump_json(exclude_defaults=False).encode()
 
 
@@ -164,7 +168,9 @@ class AsyncRewardClient(_Base):
             await asyncio.sleep(self.retry.delay(attempt, resp.headers.get("Retry-After")))
         raise self._give_up(last)
 
-    async def score_response(self, items: Sequence[ScoreItem], request_id: str | None = None) -> ScoreResponse:
+    async def score_response(
+        self, items: Sequence[ScoreItem], request_id: str | None = None
+    ) -> ScoreResponse:
         resp = await self._send("POST", "/v1/score", _build_request(items, request_id, self.media))
         return ScoreResponse.model_validate_json(resp.content)
 

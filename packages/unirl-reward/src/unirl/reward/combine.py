@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from unirl.reward.protocol import Scorer, ScoreItem, ScoreResult
+from unirl.reward.protocol import ScoreItem, Scorer, ScoreResult
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,5 @@ def combine(scorers: Sequence[WeightedScorer], items: Sequence[ScoreItem]) -> li
 
 def identity(scorers: Sequence[WeightedScorer]) -> str:
     """A short hash of (name, class, version, weight) of every scorer: equal iff they score alike."""
-    desc = [
-        [s.name, type(s.scorer).__name__, str(s.scorer.version), repr(float(s.weight))] for s in scorers
-    ]
+    desc = [[s.name, type(s.scorer).__name__, str(s.scorer.version), repr(float(s.weight))] for s in scorers]
     return hashlib.sha256(json.dumps(desc).encode()).hexdigest()[:16]

@@ -133,7 +133,9 @@ class ServiceConfig(BaseModel):
         names = [e.resolved_name for e in self.scorers]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
-            raise ValueError(f"scorer names must be unique, repeated: {dup}; give each entry a distinct `name`")
+            raise ValueError(
+                f"scorer names must be unique, repeated: {dup}; give each entry a distinct `name`"
+            )
         return self
 
     def build(self) -> list[WeightedScorer]:

@@ -6,14 +6,15 @@ from typing import Literal
 
 from unirl.reward.media import DEFAULT_MAX_PIXELS, decode_image, decode_video, encode_image
 from unirl.reward.protocol import ScoreItem, ScoreResult
-from unirl.types.wire import ArrayData, EncodedFrames, WireItem, WireScore
+from unirl.types.wire import ArrayData, EncodedFrames, EncodedImage, WireItem, WireScore
 
 MediaEncoding = Literal["png", "jpeg", "array"]
 
 
 def item_to_wire(item: ScoreItem, media: MediaEncoding = "png") -> WireItem:
     """Encode one item for a request. `media="png"` is lossless and small; "array" skips compression."""
-    image = video = None
+    image: EncodedImage | ArrayData | None = None
+    video: EncodedFrames | ArrayData | None = None
     if item.image is not None:
         image = ArrayData.from_numpy(item.image) if media == "array" else encode_image(item.image, media)
     if item.video is not None:

@@ -7,7 +7,7 @@ before its pixels are decompressed (a decompression bomb never reaches memory).
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from PIL import Image
@@ -31,7 +31,7 @@ def to_rgb_uint8(array: np.ndarray) -> np.ndarray:
     raise ValueError(f"pixels must have 1, 3 or 4 channels in the last axis, got shape {array.shape}")
 
 
-def encode_image(pixels: np.ndarray, fmt: str = "png", quality: int = 95) -> EncodedImage:
+def encode_image(pixels: np.ndarray, fmt: Literal["png", "jpeg"] = "png", quality: int = 95) -> EncodedImage:
     """Compress a uint8 [H, W, 3] array to PNG or JPEG for the wire."""
     buf = io.BytesIO()
     img = Image.fromarray(to_rgb_uint8(pixels))

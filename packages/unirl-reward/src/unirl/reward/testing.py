@@ -16,7 +16,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from unirl.reward.protocol import _NEEDS, Scorer, ScoreItem, ScoreResult
+from unirl.reward.protocol import _NEEDS, ScoreItem, Scorer, ScoreResult
 
 MODALITIES = set(_NEEDS)
 
@@ -59,7 +59,7 @@ class ScorerContract:
 
     def test_missing_input_is_value_error(self, scorer: Scorer, items: list[ScoreItem]) -> None:
         field = _NEEDS[scorer.modality][0]
-        broken = replace(items[0], **{field: None})
+        broken = replace(items[0], **{field: None})  # type: ignore[arg-type]
         try:
             scorer.score([broken])
         except ValueError as e:

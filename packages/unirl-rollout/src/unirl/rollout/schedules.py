@@ -103,6 +103,7 @@ def dynamic_shifted_sigmas(
     ``base_grid="scheduler"``: the scheduler's own ``linspace(1, 1/num_train_timesteps, T)`` (fp64).
     """
     _check_steps(num_steps)
+    t: np.ndarray
     if base_grid == "pipeline":
         t = np.array(np.linspace(1.0, 1 / num_steps, num_steps)).astype(np.float32)
     elif base_grid == "scheduler":

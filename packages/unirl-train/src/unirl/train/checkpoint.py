@@ -62,7 +62,9 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(directory: str | os.PathLike[str], backend: TrainBackend, extra: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    directory: str | os.PathLike[str], backend: TrainBackend, extra: dict[str, Any] | None = None
+) -> Path:
     """Write a checkpoint of `backend` (+ RNG, + `extra`) atomically to `directory` (collective)."""
     final = Path(directory)
     extra = dict(extra or {})
@@ -84,7 +86,11 @@ def save_checkpoint(directory: str | os.PathLike[str], backend: TrainBackend, ex
     if rank == 0:
         torch.save(state, tmp / "state.pt")
         (tmp / "extra.json").write_text(extra_text)
-        meta = {"format_version": FORMAT_VERSION, "global_step": backend.global_step, "world_size": backend.world_size}
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "global_step": backend.global_step,
+            "world_size": backend.world_size,
+        }
         (tmp / "meta.json").write_text(json.dumps(meta))
     _barrier(backend)
     if rank == 0:
@@ -101,7 +107,9 @@ def load_checkpoint(directory: str | os.PathLike[str], backend: TrainBackend) ->
         raise FileNotFoundError(f"no checkpoint at {path} (missing meta.json)")
     meta = json.loads(meta_path.read_text())
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"checkpoint {path} has format_version={meta.get('format_version')}, expected {FORMAT_VERSION}")
+        raise ValueError(
+            f"checkpoint {path} has format_version={meta.get('format_version')}, expected {FORMAT_VERSION}"
+        )
     if meta["world_size"] != backend.world_size:
         raise ValueError(
             f"checkpoint {path} was written by {meta['world_size']} ranks, this run has {backend.world_size}; "

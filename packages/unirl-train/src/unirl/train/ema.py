@@ -46,9 +46,7 @@ class EMA:
     def __init__(self, params: Mapping[str, torch.nn.Parameter], config: EMAConfig) -> None:
         self.config = config
         self.params = dict(params)
-        self.shadow: dict[str, torch.Tensor] = {
-            n: p.detach().clone().float() for n, p in self.params.items()
-        }
+        self.shadow: dict[str, torch.Tensor] = {n: p.detach().clone().float() for n, p in self.params.items()}
 
     def update(self, step: int) -> float:
         """Fold the current parameters in; returns the decay used."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,24 +43,23 @@ def inject_lora(module: torch.nn.Module, config: LoRAConfig) -> torch.nn.Module:
 
     peft_config = LoraConfig(
         r=config.r,
-        lora_alpha=config.alpha,
+        lora_alpha=config.alpha,  # type: ignore[arg-type]  # peft annotates int; alpha / r is float math
         lora_dropout=config.dropout,
         target_modules=list(config.target_modules),
-        init_lora_weights=config.init_lora_weights,
+        init_lora_weights=config.init_lora_weights,  # type: ignore[arg-type]  # peft validates the name
     )
     try:
         module = inject_adapter_in_model(peft_config, module, adapter_name=ADAPTER)
     except ValueError as e:
         raise ValueError(
-            f"lora.target_modules={config.target_modules} matched no module of "
-            f"{type(module).__name__}: {e}"
+            f"lora.target_modules={config.target_modules} matched no module of {type(module).__name__}: {e}"
         ) from e
     if not lora_layers(module):
         raise ValueError(f"lora.target_modules={config.target_modules} matched no module")
     return module
 
 
-def lora_layers(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
+def lora_layers(module: torch.nn.Module) -> dict[str, Any]:
     """The peft tuner layers of `module`, by qualified name."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -124,6 +124,8 @@ def merge_lora_state_dict(
         b = full_state[f"{prefix}.lora_B.{ADAPTER}.weight"]
         base = full_state[f"{prefix}.base_layer.weight"]
         if base.dim() != 2:
-            raise ValueError(f"merge_lora_state_dict supports linear LoRA layers only; {prefix} is {base.dim()}-D")
+            raise ValueError(
+                f"merge_lora_state_dict supports linear LoRA layers only; {prefix} is {base.dim()}-D"
+            )
         out[f"{prefix}.weight"] = (base.float() + scale * (b.float() @ a.float())).to(base.dtype)
     return out

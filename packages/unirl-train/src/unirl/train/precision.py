@@ -31,8 +31,10 @@ class PrecisionConfig(BaseModel):
     def resolve(self, device: torch.device) -> tuple[torch.dtype, torch.dtype]:
         """(param_dtype, reduce_dtype) for `device`."""
         on_cuda = device.type == "cuda"
-        param = _DTYPES[self.param_dtype] if self.param_dtype != "auto" else (
-            torch.bfloat16 if on_cuda else torch.float32
+        param = (
+            _DTYPES[self.param_dtype]
+            if self.param_dtype != "auto"
+            else (torch.bfloat16 if on_cuda else torch.float32)
         )
         reduce = _DTYPES[self.reduce_dtype] if self.reduce_dtype != "auto" else torch.float32
         return param, reduce

@@ -11,7 +11,8 @@ from pydantic import Field, field_validator, model_validator
 from unirl.types.base import SchemaModel
 from unirl.types.sde_schedule import AllSteps, SDESchedule
 
-SDEStrategyName = Literal["flow_sde", "dance_sde", "cps", "ode"]
+SDEStrategyName = Literal["flow_sde", "dance_sde", "cps", "cps_novar", "ode"]
+"""`cps_novar` scores CPS steps as -mean((x_next - mu)^2) (no variance term): ratios have another scale."""
 
 
 class NoiseRecipe(SchemaModel):

@@ -18,8 +18,8 @@ import torch
 from unirl.distributed.codec import TensorMeta, from_bytes
 from unirl.distributed.collective import StandaloneGroup
 from unirl.distributed.errors import WeightSyncError
-from unirl.distributed.weightsync.base import (
-    BucketedWeightSync,
+from unirl.distributed.weightsync.base import BucketedWeightSync
+from unirl.distributed.weightsync.protocol import (
     NamedTensors,
     Sink,
     SyncAck,
@@ -72,13 +72,20 @@ class BroadcastWeightSync(BucketedWeightSync):
 
         The header must name every bucket's checksum before the data, so the source computes the
         bucket checksums in a first pass (gathering DTensors per bucket) and broadcasts in a second.
+        A failure before the header (stale version, zero tensors) is broadcast as an abort header,
+        so the receivers raise too instead of waiting for the group's timeout.
         """
-        self.sent.check(version)
         items = list(params)
         buckets, sums = [], []
-        for metas, tensors in self._iter_buckets(items):
-            buckets.append(metas)
-            sums.append(bucket_checksum(zip((m.name for m in metas), tensors)) if self.verify else "")
+        try:
+            self.sent.check(version)
+            for metas, tensors in self._iter_buckets(items):
+                buckets.append(metas)
+                sums.append(bucket_checksum(zip((m.name for m in metas), tensors)) if self.verify else "")
+        except Exception as exc:
+            if self.is_source:
+                self._bcast_bytes(json.dumps({"abort": f"{type(exc).__name__}: {exc}"}).encode())
+            raise
         ticket = SyncTicket(self.kind, version, overall_checksum(version, sums), tuple(buckets), tuple(sums))
         if self.is_source:
             header = {
@@ -110,16 +117,14 @@ class BroadcastWeightSync(BucketedWeightSync):
         raw = self._bcast_bytes(None)
         try:
             header = json.loads(raw.decode())
+            if isinstance(header, dict) and "abort" in header:
+                raise WeightSyncError(f"{self.name}: the sender aborted this sync: {header['abort']}")
             version = header["version"]
             buckets = tuple(tuple(TensorMeta.from_json(m) for m in b) for b in header["buckets"])
             sums = tuple(str(c) for c in header["checksums"])
             if not isinstance(version, int) or len(sums) != len(buckets):
                 raise ValueError("version/checksums malformed")
-        except (
-            ValueError,
-            KeyError,
-            TypeError,
-        ) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        except (ValueError, KeyError, TypeError) as exc:  # incl. UnicodeDecodeError, JSONDecodeError
             raise WeightSyncError(
                 f"{self.name}: malformed broadcast header ({exc}); the group's stream is out of step: "
                 "rebuild the weight-sync group before the next sync"

@@ -19,7 +19,8 @@ from safetensors.torch import save as st_save
 
 from unirl.distributed.codec import TensorMeta
 from unirl.distributed.errors import WeightSyncError
-from unirl.distributed.weightsync.base import DEFAULT_BUCKET_BYTES, BucketedWeightSync
+from unirl.distributed.weightsync.base import BucketedWeightSync
+from unirl.distributed.weightsync.protocol import DEFAULT_BUCKET_BYTES
 
 
 class BlobStore(Protocol):
@@ -94,7 +95,16 @@ class TensorBucketSync(BucketedWeightSync):
         self.store = store
 
     def _ship(self, metas: tuple[TensorMeta, ...], tensors: list[torch.Tensor], checksum: str) -> Any:
-        data = st_save({m.name: t.cpu().contiguous() for m, t in zip(metas, tensors)})
+        # safetensors refuses tensors that share storage (tied weights, views of a fused tensor):
+        # give every tensor whose storage was already seen in this bucket its own copy
+        seen: set[int] = set()
+        owned: dict[str, torch.Tensor] = {}
+        for m, t in zip(metas, tensors):
+            c = t.detach().cpu().contiguous()
+            ptr = c.untyped_storage().data_ptr()
+            owned[m.name] = c.clone() if ptr in seen else c
+            seen.add(ptr)
+        data = st_save(owned)
         return self.store.put(data)
 
     def _fetch(self, metas: tuple[TensorMeta, ...], payload: Any) -> list[torch.Tensor]:

@@ -9,6 +9,7 @@ stay alive on the sender until :meth:`confirm`. GPU only; tested under the ``gpu
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ class CudaIpcWeightSync(BucketedWeightSync):
         super().__init__(**kw)
         self.device = torch.device(device)
         self._buffers: dict[int, torch.Tensor] = {}
+        self._ids = itertools.count()
 
     def _ship(self, metas: tuple[TensorMeta, ...], tensors: list[torch.Tensor], checksum: str) -> Any:
         from torch.multiprocessing.reductions import reduce_tensor
@@ -42,8 +44,9 @@ class CudaIpcWeightSync(BucketedWeightSync):
             offset += m.nbytes
         torch.cuda.synchronize(self.device)
         handle = reduce_tensor(buf)  # type: ignore[no-untyped-call]  # torch ships it unannotated
-        self._buffers[id(handle)] = buf
-        return (id(handle), handle)
+        key = next(self._ids)
+        self._buffers[key] = buf  # kept alive until confirm(): the receivers map this memory
+        return (key, handle)
 
     def _fetch(self, metas: tuple[TensorMeta, ...], payload: Any) -> list[torch.Tensor]:
         if not (isinstance(payload, tuple) and len(payload) == 2):

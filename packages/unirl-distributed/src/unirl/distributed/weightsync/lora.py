@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from unirl.distributed.errors import EmptyWeightSyncError
-from unirl.distributed.weightsync.base import NamedTensors, Sink, SyncAck, SyncTicket, WeightSync
+from unirl.distributed.weightsync.protocol import NamedTensors, Sink, SyncAck, SyncTicket, WeightSync
 
 LORA_MARKERS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector")
 

@@ -33,8 +33,13 @@ class ClipBackbone:
 
     @classmethod
     def from_pretrained(
-        cls, model_path: str, device: str = "cpu", dtype: str = "float32", batch_size: int = 16,
-        processor_path: str | None = None, extra: str = "clip",
+        cls,
+        model_path: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        batch_size: int = 16,
+        processor_path: str | None = None,
+        extra: str = "clip",
     ) -> ClipBackbone:
         tf = require(extra, "transformers")
         model = tf.CLIPModel.from_pretrained(model_path, local_files_only=True, dtype=torch_dtype(dtype))
@@ -49,9 +54,13 @@ class ClipBackbone:
         out = []
         with torch.inference_mode():
             for batch in chunks(images, self.batch_size):
-                pix = self.processor(images=list(batch), return_tensors="pt")["pixel_values"].to(device, dtype)
+                pix = self.processor(images=list(batch), return_tensors="pt")["pixel_values"].to(
+                    device, dtype
+                )
                 pooled = self.model.vision_model(pixel_values=pix).pooler_output
-                out.append(torch.nn.functional.normalize(self.model.visual_projection(pooled).float(), dim=-1))
+                out.append(
+                    torch.nn.functional.normalize(self.model.visual_projection(pooled).float(), dim=-1)
+                )
         return torch.cat(out)
 
     def text_embeds(self, texts: Sequence[str]) -> Any:
@@ -63,9 +72,15 @@ class ClipBackbone:
         with torch.inference_mode():
             for batch in chunks(texts, self.batch_size):
                 enc = self.processor(
-                    text=list(batch), padding=True, truncation=True, max_length=self.max_text_len, return_tensors="pt"
+                    text=list(batch),
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_text_len,
+                    return_tensors="pt",
                 ).to(device)
-                pooled = self.model.text_model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).pooler_output
+                pooled = self.model.text_model(
+                    input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]
+                ).pooler_output
                 out.append(torch.nn.functional.normalize(self.model.text_projection(pooled).float(), dim=-1))
         return torch.cat(out)
 
@@ -76,7 +91,7 @@ class ClipBackbone:
         return (img * txt).sum(-1)
 
     def logit_scale(self) -> float:
-        return float(self.model.logit_scale.exp().clamp(max=100.0))
+        return float(self.model.logit_scale.detach().exp().clamp(max=100.0))
 
 
 class _ClipBase:
@@ -89,7 +104,11 @@ class _ClipBase:
 
     @classmethod
     def from_pretrained(
-        cls, model_path: str, device: str = "cpu", dtype: str = "float32", batch_size: int = 16,
+        cls,
+        model_path: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        batch_size: int = 16,
         processor_path: str | None = None,
     ) -> Any:
         bb = ClipBackbone.from_pretrained(model_path, device, dtype, batch_size, processor_path, cls.extra)
@@ -103,7 +122,10 @@ class _ClipBase:
         if not items:
             return []
         cos = self.backbone.cosine(items)
-        return [ScoreResult(total=float(v), components={"cosine": float(c)}) for v, c in zip(self._values(cos).tolist(), cos.tolist())]
+        return [
+            ScoreResult(total=float(v), components={"cosine": float(c)})
+            for v, c in zip(self._values(cos).tolist(), cos.tolist())
+        ]
 
 
 class ClipScorer(_ClipBase):

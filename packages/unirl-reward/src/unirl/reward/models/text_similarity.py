@@ -30,7 +30,9 @@ def resolve_model_path(model_path: str) -> Path:
         return Path(pkg.get_model_path())
     path = Path(model_path)
     if not path.is_dir():
-        raise ValueError(f"model_path={model_path!r} is not a directory; give a local sentence-transformers folder")
+        raise ValueError(
+            f"model_path={model_path!r} is not a directory; give a local sentence-transformers folder"
+        )
     return path
 
 
@@ -46,12 +48,16 @@ class TextSimilarityScorer:
     output_range = (-1.0, 1.0)
     name = "text_similarity"
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 32, max_length: int = 256, version: str = "1") -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, batch_size: int = 32, max_length: int = 256, version: str = "1"
+    ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.batch_size, self.max_length, self.version = batch_size, max_length, version
 
     @classmethod
-    def from_pretrained(cls, model_path: str = BUNDLED, device: str = "cpu", batch_size: int = 32) -> TextSimilarityScorer:
+    def from_pretrained(
+        cls, model_path: str = BUNDLED, device: str = "cpu", batch_size: int = 32
+    ) -> TextSimilarityScorer:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         transformers = require("text", "transformers")
         path = resolve_model_path(model_path)
@@ -87,7 +93,9 @@ class TextSimilarityScorer:
             return []
         for i, it in enumerate(items):
             if it.reference is None:
-                raise ValueError(f"scorer {self.name!r} needs item.reference (text to compare with); item {i} has none")
+                raise ValueError(
+                    f"scorer {self.name!r} needs item.reference (text to compare with); item {i} has none"
+                )
         n = len(items)
         emb = self.embed([it.response or "" for it in items] + [it.reference or "" for it in items])
         cos = (emb[:n] * emb[n:]).sum(-1).clamp(-1.0, 1.0)

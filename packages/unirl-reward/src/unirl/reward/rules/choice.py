@@ -30,5 +30,7 @@ class MultipleChoiceScorer:
                     f"scorer {self.name!r}: item {i}.reference must be one of {list(self.letters)}, got {item.reference!r}"
                 )
             pred = extract_choice(item.response or "", self.letters)
-            out.append(ScoreResult(total=float(pred == ref), components={"extracted": float(pred is not None)}))
+            out.append(
+                ScoreResult(total=float(pred == ref), components={"extracted": float(pred is not None)})
+            )
         return out

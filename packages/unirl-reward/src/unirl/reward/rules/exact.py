@@ -41,7 +41,9 @@ class ExactMatchScorer:
         out = []
         for i, item in enumerate(items):
             if item.reference is None:
-                raise ValueError(f"scorer {self.name!r} needs item.reference (the gold answer); item {i} has none")
+                raise ValueError(
+                    f"scorer {self.name!r} needs item.reference (the gold answer); item {i} has none"
+                )
             pred = EXTRACTORS[self.extractor](item.response or "")
             ok = answers_match(pred, item.reference)
             out.append(ScoreResult(total=float(ok), components={"extracted": float(pred is not None)}))

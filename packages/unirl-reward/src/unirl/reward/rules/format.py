@@ -17,7 +17,9 @@ class FormatScorer:
     modality: Modality = "text"
     output_range = (0.0, 1.0)
 
-    def __init__(self, pattern: str, mode: Literal["fullmatch", "search"] = "fullmatch", name: str = "format") -> None:
+    def __init__(
+        self, pattern: str, mode: Literal["fullmatch", "search"] = "fullmatch", name: str = "format"
+    ) -> None:
         try:
             self._rx = re.compile(pattern, re.DOTALL)
         except re.error as e:

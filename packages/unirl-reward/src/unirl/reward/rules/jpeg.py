@@ -31,12 +31,12 @@ class JpegScorer:
     modality: Modality = "image"
 
     def __init__(
-        self, direction: Literal["compressibility", "incompressibility"] = "incompressibility", quality: int = 95
+        self,
+        direction: Literal["compressibility", "incompressibility"] = "incompressibility",
+        quality: int = 95,
     ) -> None:
         if direction not in ("compressibility", "incompressibility"):
-            raise ValueError(
-                f"direction must be 'compressibility' or 'incompressibility', got {direction!r}"
-            )
+            raise ValueError(f"direction must be 'compressibility' or 'incompressibility', got {direction!r}")
         if not 1 <= quality <= 100:
             raise ValueError(f"quality must be in [1, 100], got {quality}")
         self.direction = direction

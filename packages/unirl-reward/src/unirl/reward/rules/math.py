@@ -57,7 +57,9 @@ class MathVerifyScorer:
         out = []
         for i, item in enumerate(items):
             if item.reference is None:
-                raise ValueError(f"scorer {self.name!r} needs item.reference (the gold answer); item {i} has none")
+                raise ValueError(
+                    f"scorer {self.name!r} needs item.reference (the gold answer); item {i} has none"
+                )
             ok = self._runner.call([item.response or "", item.reference], default=False)
             out.append(ScoreResult(total=float(bool(ok))))
         return out

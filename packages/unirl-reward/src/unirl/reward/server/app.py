@@ -6,29 +6,31 @@ check against each scorer's modality (422) -> dynamic batcher (429 + Retry-After
 -> per-request timeout (504). Error bodies are `{"detail": str}` and never echo a token.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: FastAPI must resolve the Annotated[..., Depends(local)]
+# parameters of the closures below at runtime.
 import asyncio
 import hashlib
 import hmac
 import logging
 import math
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from unirl.reward import __version__
-from unirl.reward.combine import WeightedScorer, identity
+from unirl.reward.combine import WeightedScorer, combine, identity
 from unirl.reward.convert import result_to_wire, wire_to_item
-from unirl.reward.protocol import ScoreItem, check_inputs
-from unirl.reward.server.batcher import DynamicBatcher, QueueFull
+from unirl.reward.protocol import ScoreItem, ScoreResult, check_inputs
+from unirl.reward.server.batcher import BatchStats, DynamicBatcher, QueueFull
 from unirl.reward.server.dedup import IdConflict, IdempotencyCache
 from unirl.reward.server.limits import BodyLimitMiddleware
 from unirl.reward.server.metrics import Metrics
@@ -52,6 +54,25 @@ class HTTPError(Exception):
         self.status, self.detail, self.headers = status, detail, headers
 
 
+def _torch_threads_initializer(n: int | None) -> Callable[[], None] | None:
+    """Set torch's intra-op threads inside the scorer thread (OpenMP settings are per thread)."""
+    if n is None:
+        return None
+
+    def init() -> None:
+        import torch
+
+        torch.set_num_threads(n)
+
+    return init
+
+
+def _finite_or_none(r: tuple[float, float]) -> tuple[float | None, float | None]:
+    """JSON has no infinity: an unbounded end of an output range travels as null."""
+    lo, hi = r
+    return (lo if math.isfinite(lo) else None, hi if math.isfinite(hi) else None)
+
+
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": ErrorResponse} for c in codes}
 
@@ -67,16 +88,20 @@ def create_app(
     metrics = Metrics()
     cache = IdempotencyCache(ttl_s=settings.idempotency_ttl_s)
 
-    def score_fn(items: Sequence[ScoreItem]) -> list[Any]:
-        from unirl.reward.combine import combine
-
+    def score_fn(items: Sequence[ScoreItem]) -> list[ScoreResult]:
         return combine(state["scorers"], items)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         scorers = await run_in_threadpool(lambda: list(build_scorers()))
         state["scorers"], state["identity"] = scorers, identity(scorers)
-        batcher = DynamicBatcher(score_fn, settings.max_batch, settings.max_wait_ms / 1000, settings.max_queue_items)
+        batcher = DynamicBatcher(
+            score_fn,
+            settings.max_batch,
+            settings.max_wait_ms / 1000,
+            settings.max_queue_items,
+            thread_initializer=_torch_threads_initializer(settings.torch_threads),
+        )
         batcher.start()
         state["batcher"] = batcher
         yield
@@ -90,7 +115,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     bearer = HTTPBearer(auto_error=False, description="Required when the server is not bound to loopback.")
 
-    def require_token(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+    def require_token(cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
         if token is None:
             return
         given = cred.credentials.encode() if cred is not None else b""
@@ -100,6 +125,13 @@ def create_app(
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _starlette_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail
+        if exc.status_code == 400 and "parsing the body" in str(detail):
+            detail = "cannot parse the request body: send UTF-8 JSON matching ScoreRequest"
+        return JSONResponse({"detail": str(detail)}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -128,7 +160,7 @@ def create_app(
         return batcher
 
     @app.get("/v1/version", response_model=VersionResponse, responses=_errors(401, 503))
-    async def version(_: None = Depends(require_token)) -> VersionResponse:
+    async def version(_: Annotated[None, Depends(require_token)]) -> VersionResponse:
         """Scorer names, versions and weights, and their identity hash."""
         _ready_batcher()
         infos = [
@@ -138,7 +170,7 @@ def create_app(
                 version=str(ws.scorer.version),
                 weight=ws.weight,
                 modality=ws.scorer.modality,
-                output_range=tuple(x if math.isfinite(x) else None for x in ws.scorer.output_range),
+                output_range=_finite_or_none(ws.scorer.output_range),
             )
             for ws in state["scorers"]
         ]
@@ -150,33 +182,33 @@ def create_app(
         )
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=_errors(401))
-    async def metrics_endpoint(_: None = Depends(require_token)) -> str:
+    async def metrics_endpoint(_: Annotated[None, Depends(require_token)]) -> str:
         """Prometheus text format."""
         batcher = state["batcher"]
-        stats = batcher.stats if batcher else DynamicBatcher(score_fn).stats
+        stats = batcher.stats if batcher else BatchStats()
         return metrics.render(stats, batcher.queued_items if batcher else 0, cache.hits)
 
     @app.post(
         "/v1/score",
         response_model=ScoreResponse,
-        responses=_errors(401, 409, 413, 422, 429, 500, 503, 504),
+        responses=_errors(400, 401, 409, 413, 422, 429, 500, 503, 504),
     )
-    async def score(req: ScoreRequest, request: Request, _: None = Depends(require_token)) -> ScoreResponse:
+    async def score(req: ScoreRequest, _: Annotated[None, Depends(require_token)]) -> ScoreResponse:
         """Score a batch of items with every configured scorer; one result per item, in order."""
         t0 = time.monotonic()
         batcher = _ready_batcher()
         status = 200
         try:
-            return await _score(req, request, batcher)
+            return await _score(req, batcher)
         except HTTPError as e:
             status = e.status
             raise
         finally:
             metrics.observe(status, time.monotonic() - t0)
 
-    async def _score(req: ScoreRequest, request: Request, batcher: DynamicBatcher) -> ScoreResponse:
+    async def _score(req: ScoreRequest, batcher: DynamicBatcher) -> ScoreResponse:
         if req.request_id is None:
-            return await _compute(req, batcher, "anon-" + hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:16])
+            return await _compute(req, batcher, f"anon-{uuid.uuid4().hex}")
         body_hash = hashlib.sha256(req.model_dump_json(exclude={"request_id"}).encode()).hexdigest()
         try:
             fut, new = cache.claim(req.request_id, body_hash)
@@ -202,9 +234,11 @@ def create_app(
             raise HTTPError(429, str(e), {"Retry-After": f"{max(1, round(e.retry_after_s))}"}) from None
         try:
             results = await asyncio.wait_for(fut, settings.request_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             metrics.timeouts += 1
-            raise HTTPError(504, f"not scored within request_timeout_s={settings.request_timeout_s}") from None
+            raise HTTPError(
+                504, f"not scored within request_timeout_s={settings.request_timeout_s}"
+            ) from None
         except ValueError as e:
             raise HTTPError(422, f"cannot score this request: {e}") from None
         except Exception:

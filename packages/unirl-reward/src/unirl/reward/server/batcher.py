@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -53,7 +54,14 @@ class BatchStats:
 class DynamicBatcher:
     """See module docstring. Start with `start()` inside the event loop; `stop()` on shutdown."""
 
-    def __init__(self, fn: ScoreFn, max_batch: int = 32, max_wait_s: float = 0.01, max_queue: int = 4096) -> None:
+    def __init__(
+        self,
+        fn: ScoreFn,
+        max_batch: int = 32,
+        max_wait_s: float = 0.01,
+        max_queue: int = 4096,
+        thread_initializer: Callable[[], None] | None = None,
+    ) -> None:
         if max_batch < 1 or max_queue < max_batch or max_wait_s < 0:
             raise ValueError(
                 f"need max_batch >= 1, max_queue >= max_batch, max_wait_s >= 0; got {max_batch}, {max_queue}, {max_wait_s}"
@@ -64,7 +72,9 @@ class DynamicBatcher:
         self._queued_items = 0
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="scorer")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="scorer", initializer=thread_initializer
+        )
         self.stats = BatchStats()
         self._item_s = 0.01  # running estimate of seconds per item, for Retry-After
 
@@ -79,10 +89,8 @@ class DynamicBatcher:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         for job in self._jobs:
             if not job.future.done():
                 job.future.set_exception(RuntimeError("reward server shutting down"))
@@ -132,7 +140,7 @@ class DynamicBatcher:
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), delay)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break
             batch = self._take_batch()
             if not batch:

@@ -29,7 +29,9 @@ class ServerHandle:
         self.stop()
 
 
-def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 60.0) -> ServerHandle:
+def serve_in_thread(
+    app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 60.0
+) -> ServerHandle:
     """Start uvicorn on `host:port` (0 = a free port); returns once it listens and startup ran.
 
     Waits on an Event set by uvicorn's startup (bounded by `timeout_s`), never on sleeps.
@@ -49,7 +51,9 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s:
             started.set()
 
     server.startup = startup  # type: ignore[method-assign]
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True, name="unirl-reward-server")
+    thread = threading.Thread(
+        target=lambda: asyncio.run(server.serve()), daemon=True, name="unirl-reward-server"
+    )
     thread.start()
     if not started.wait(timeout_s) or not bound:
         server.should_exit = True

@@ -24,6 +24,12 @@ class ServerSettings(BaseModel):
     max_request_bytes: int = Field(64 * 2**20, ge=1024, description="Larger bodies get 413.")
     max_pixels: int = Field(DEFAULT_MAX_PIXELS, ge=1, description="Per image (per video: all frames).")
     idempotency_ttl_s: float = Field(600.0, ge=0, description="How long a request_id's answer is kept.")
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch intra-op threads in the scorer thread (OpenMP settings are per thread, so "
+        "torch.set_num_threads in the main thread does not reach it); None leaves torch's default.",
+    )
     token_env: str = Field(
         "UNIRL_REWARD_TOKEN", description="Environment variable holding the bearer token (never in the file)."
     )
@@ -32,7 +38,7 @@ class ServerSettings(BaseModel):
 class ServeConfig(ServiceConfig):
     """`unirl-reward serve --config FILE`: the scorers plus an optional `server:` section."""
 
-    server: ServerSettings = Field(default_factory=ServerSettings)
+    server: ServerSettings = Field(default_factory=lambda: ServerSettings())
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> ServeConfig:

@@ -110,7 +110,9 @@ def _parse_group(words: list[str], caption: str) -> ObjectGroup:
         raise ValueError(f"caption {caption!r}: expected '<count> <colour> <shape>', got {' '.join(words)!r}")
     count_word, colour, noun = words
     if count_word not in _WORD_COUNTS:
-        raise ValueError(f"caption {caption!r}: unknown count word {count_word!r}; allowed {list(_WORD_COUNTS)}")
+        raise ValueError(
+            f"caption {caption!r}: unknown count word {count_word!r}; allowed {list(_WORD_COUNTS)}"
+        )
     count = _WORD_COUNTS[count_word]
     shape = noun[:-1] if noun.endswith("s") else noun
     if (count > 1) != noun.endswith("s"):
@@ -134,22 +136,38 @@ def parse_caption(caption: str) -> ShapesSpec:
     return ShapesSpec(groups=(_parse_group(words, caption),))
 
 
-def all_specs(max_count_single: int = 3, max_count_pair: int = 2) -> list[ShapesSpec]:
-    """Every spec of the grammar, in a fixed order (18 single-group + 384 relation specs by default)."""
+def all_specs(
+    max_count_single: int = 3,
+    max_count_pair: int = 2,
+    *,
+    include_single: bool = True,
+    include_pairs: bool = True,
+    shapes: tuple[str, ...] = SHAPES,
+    relations: tuple[str, ...] = RELATIONS,
+) -> list[ShapesSpec]:
+    """Every spec of the grammar (or of a sub-grammar), in a fixed order.
+
+    Defaults: 18 single-group specs (3 counts x 3 colours x 2 shapes) + 384 relation specs.
+    """
+    bad = [s for s in shapes if s not in SHAPES] + [r for r in relations if r not in RELATIONS]
+    if bad or not shapes:
+        raise ValueError(f"unknown shapes/relations {bad!r}: allowed {SHAPES} and {RELATIONS}")
     specs: list[ShapesSpec] = []
-    for count in range(1, max_count_single + 1):
-        for colour in COLOURS:
-            for shape in SHAPES:
-                specs.append(ShapesSpec(groups=(ObjectGroup(count, colour, shape),)))
-    for relation in RELATIONS:
-        for c1 in COLOURS:
-            for s1 in SHAPES:
-                for n1 in range(1, max_count_pair + 1):
-                    for c2 in COLOURS:
-                        if c2 == c1:
-                            continue
-                        for s2 in SHAPES:
-                            for n2 in range(1, max_count_pair + 1):
-                                groups = (ObjectGroup(n1, c1, s1), ObjectGroup(n2, c2, s2))
-                                specs.append(ShapesSpec(groups=groups, relation=relation))
+    if include_single:
+        for count in range(1, max_count_single + 1):
+            for colour in COLOURS:
+                for shape in shapes:
+                    specs.append(ShapesSpec(groups=(ObjectGroup(count, colour, shape),)))
+    if include_pairs:
+        for relation in relations:
+            for c1 in COLOURS:
+                for s1 in shapes:
+                    for n1 in range(1, max_count_pair + 1):
+                        for c2 in COLOURS:
+                            if c2 == c1:
+                                continue
+                            for s2 in shapes:
+                                for n2 in range(1, max_count_pair + 1):
+                                    groups = (ObjectGroup(n1, c1, s1), ObjectGroup(n2, c2, s2))
+                                    specs.append(ShapesSpec(groups=groups, relation=relation))
     return specs

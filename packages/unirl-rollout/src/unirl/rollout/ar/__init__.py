@@ -4,6 +4,7 @@ Log-probs are of the temperature-scaled, unfiltered distribution (see ``sampling
 """
 
 from unirl.rollout.ar.bundle import CausalLMBundle
+from unirl.rollout.ar.config import ARPipelineConfig, CausalLMConfig, TinyQwen3Spec
 from unirl.rollout.ar.pipeline import ARPipeline
 from unirl.rollout.ar.replay import TokenReplay, replay_token_logprobs
 from unirl.rollout.ar.sampling import derive_seed
@@ -12,7 +13,10 @@ from unirl.rollout.ar.tokenizer import build_char_tokenizer
 
 __all__ = [
     "ARPipeline",
+    "ARPipelineConfig",
     "CausalLMBundle",
+    "CausalLMConfig",
+    "TinyQwen3Spec",
     "TokenReplay",
     "behavior_logprobs",
     "build_char_tokenizer",

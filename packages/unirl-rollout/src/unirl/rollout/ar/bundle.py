@@ -9,7 +9,7 @@ arithmetic world. ``save_pretrained`` writes a directory ``from_pretrained`` rea
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,8 @@ class CausalLMBundle:
     tokenizer: PreTrainedTokenizerBase
     use_chat_template: bool = True
     system_prompt: str | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra variables for the chat template, e.g. ``{"enable_thinking": False}`` for Qwen3."""
 
     # ---- loading -------------------------------------------------------------------------
     @classmethod
@@ -58,6 +60,7 @@ class CausalLMBundle:
         trust_remote_code: bool = False,
         use_chat_template: bool = True,
         system_prompt: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> CausalLMBundle:
         """Load model and tokenizer from a local directory or hub id (``tokenizer_path`` overrides)."""
         kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code}
@@ -74,7 +77,13 @@ class CausalLMBundle:
                     f"tokenizer of {path_or_id!s} has neither pad_token nor eos_token; set one on the tokenizer"
                 )
             tokenizer.pad_token = tokenizer.eos_token
-        return cls(model, tokenizer, use_chat_template=use_chat_template, system_prompt=system_prompt)
+        return cls(
+            model,
+            tokenizer,
+            use_chat_template=use_chat_template,
+            system_prompt=system_prompt,
+            chat_template_kwargs=dict(chat_template_kwargs or {}),
+        )
 
     @classmethod
     def tiny_qwen3(
@@ -174,7 +183,9 @@ class CausalLMBundle:
         messages = [{"role": "user", "content": text}]
         if self.system_prompt:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
-        rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        rendered = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
+        )
         return str(rendered)
 
     def encode_prompt(self, text: str) -> list[int]:

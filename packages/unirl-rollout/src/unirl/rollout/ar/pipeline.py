@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
+from torch import nn
 
 from unirl.rollout.ar.bundle import CausalLMBundle
 from unirl.rollout.ar.decode import decode
@@ -65,6 +66,10 @@ class ARPipeline:
     ) -> None:
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size} must be >= 1 (or None for no limit)")
+        if "{prompt}" not in prompt_template:
+            raise ValueError(
+                f"prompt_template={prompt_template!r} must contain '{{prompt}}' (the sample's prompt)"
+            )
         if sync_every < 1:
             raise ValueError(f"sync_every={sync_every} must be >= 1")
         self.bundle = bundle
@@ -76,6 +81,11 @@ class ARPipeline:
         self.max_batch_size = max_batch_size
         self.sync_every = sync_every
         self.lockstep_group = lockstep_group
+
+    @property
+    def model(self) -> nn.Module:
+        """The causal LM (the training module; ``TrainsideEngine`` toggles its eval mode)."""
+        return self.bundle.model
 
     # ---- generation --------------------------------------------------------------------------
     def generate(self, samples: list[Sample], *, rollout_step: int) -> list[Sample]:
@@ -168,18 +178,20 @@ class ARPipeline:
             part.status = "completed" if finish == "stop" else "truncated"
 
     # ---- replay ------------------------------------------------------------------------------
-    def replay_logprobs(self, parts: Sequence[Part]) -> TokenReplay:
+    def replay_logprobs(self, parts: Sequence[Part], *, with_entropy: bool = False) -> TokenReplay:
         """Teacher-forced log-probs ``[B, T]`` of the stored responses, with gradients.
 
-        Uses each Part's recorded temperature. ``mask`` is the padded loss mask.
+        Uses each Part's recorded temperature. ``mask`` is the padded loss mask. ``with_entropy``
+        also returns the per-token entropy of the tempered distribution (for logging or a bonus).
         """
         segs = [text_segment(p) for p in parts]
         temps = [ar_params(p, self.params).temperature for p in parts]
-        logp = replay_token_logprobs(
+        logp, entropy = replay_token_logprobs(
             self.bundle.model,
             [s.prompt_ids for s in segs],
             [s.response_ids for s in segs],
             temps,
             pad_token_id=self.bundle.pad_token_id,
+            with_entropy=with_entropy,
         )
-        return TokenReplay(logp=logp, mask=loss_mask(parts, device=logp.device))
+        return TokenReplay(logp=logp, mask=loss_mask(parts, device=logp.device), entropy=entropy)

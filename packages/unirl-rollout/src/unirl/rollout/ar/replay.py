@@ -27,11 +27,12 @@ class TokenReplay:
     ``logp[b, t]`` is the log-prob of response token ``t`` of part ``b`` under the current
     weights (temperature-scaled, unfiltered; see ``unirl.rollout.ar.sampling``), with gradients;
     ``mask[b, t]`` is True where the token exists and its loss mask is set. Padded entries of
-    ``logp`` are 0.
+    ``logp`` are 0. ``entropy`` (when requested) is the tempered distribution's entropy per token.
     """
 
     logp: Tensor  # [B, T] fp32
     mask: Tensor  # [B, T] bool
+    entropy: Tensor | None = None  # [B, T] fp32
 
 
 def pack_for_replay(
@@ -61,11 +62,13 @@ def replay_token_logprobs(
     temperatures: Sequence[float],
     *,
     pad_token_id: int,
-) -> Tensor:
-    """``[B, T]`` fp32 log-probs of each response token given its prompt and preceding tokens.
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``(logp [B, T], entropy [B, T] or None)``, fp32, for each response token given its context.
 
-    Runs under the caller's grad mode (with gradients during training). Entries past a
-    response's end are 0.
+    ``logp`` is the log-prob of the stored token under ``log_softmax(logits / temperature)``;
+    ``entropy`` (when asked) is that tempered distribution's entropy. Runs under the caller's
+    grad mode (with gradients during training). Entries past a response's end are 0.
     """
     if not prompts or len(prompts) != len(responses) or len(temperatures) != len(prompts):
         raise ValueError(
@@ -75,12 +78,16 @@ def replay_token_logprobs(
     device = next(model.parameters()).device
     T = max(len(r) for r in responses)
     if T == 0:
-        return torch.zeros((len(prompts), 0), dtype=torch.float32, device=device)
+        empty = torch.zeros((len(prompts), 0), dtype=torch.float32, device=device)
+        return empty, (empty.clone() if with_entropy else None)
     ids, attn, pos, resp_BT = pack_for_replay(prompts, responses, pad_token_id, device)
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=T + 1)
-    logits_BTV = out.logits[:, :-1]
     temp_B11 = torch.tensor(list(temperatures), dtype=torch.float32, device=device).view(-1, 1, 1)
-    logp_BT = tempered_logprobs(logits_BTV, temp_B11).gather(-1, resp_BT.unsqueeze(-1)).squeeze(-1)
+    logp_BTV = tempered_logprobs(out.logits[:, :-1], temp_B11)
+    logp_BT = logp_BTV.gather(-1, resp_BT.unsqueeze(-1)).squeeze(-1)
     lengths_B = torch.tensor([len(r) for r in responses], device=device)
-    valid_BT = torch.arange(T, device=device)[None, :] < lengths_B[:, None]
-    return logp_BT.masked_fill(~valid_BT, 0.0)
+    pad_BT = torch.arange(T, device=device)[None, :] >= lengths_B[:, None]
+    entropy_BT = None
+    if with_entropy:
+        entropy_BT = -(logp_BTV.exp() * logp_BTV).sum(-1).masked_fill(pad_BT, 0.0)
+    return logp_BT.masked_fill(pad_BT, 0.0), entropy_BT

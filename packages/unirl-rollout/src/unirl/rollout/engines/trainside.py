@@ -53,9 +53,13 @@ class TrainsideEngine:
         self._version = version
 
     def _trainable(self) -> list[nn.Module]:
+        """The pipeline's trainable module (``bundle.transformer`` or ``bundle.model``), if any."""
         bundle = getattr(self.pipeline, "bundle", None)
-        mod = getattr(bundle, "transformer", None) or getattr(self.pipeline, "model", None)
-        return [mod] if isinstance(mod, nn.Module) else []
+        for name in ("transformer", "model"):
+            mod = getattr(bundle, name, None)
+            if isinstance(mod, nn.Module):
+                return [mod]
+        return []
 
     def generate(self, samples: list[Sample], *, rollout_step: int) -> list[Sample]:
         """Sample with the live training weights; Parts of ``pipeline.stage`` get ``weight_version``."""

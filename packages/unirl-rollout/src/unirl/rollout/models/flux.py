@@ -105,6 +105,15 @@ class FluxBundle:
     def pipe(self) -> FluxPipeline:
         return self._pipe
 
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> FluxBundle:
+        """Move every module to ``device`` (and ``dtype`` if given); returns self."""
+        if dtype is None:
+            self._pipe.to(device)
+        else:
+            self._pipe.to(device, dtype)
+        self._device = torch.device(device)
+        return self
+
     @property
     def device(self) -> torch.device:
         return self._device

@@ -23,7 +23,7 @@ from torch import Tensor
 from unirl.rollout.models.base import NEGATIVE_PREFIX, FlowBundle, stack_conditions
 from unirl.rollout.noise import initial_noise, noise_generator, noise_key
 from unirl.rollout.schedules import static_shifted_sigmas
-from unirl.rollout.sde import StepResult, get_strategy, ode_step
+from unirl.rollout.sde import SDEStrategy, StepResult, get_strategy, ode_step
 from unirl.types import (
     Conditions,
     DiffusionSamplingParams,
@@ -141,28 +141,10 @@ class FlowMatchPipeline:
         sigmas = torch.tensor(params.sigmas, dtype=torch.float32, device=dev).expand(B, T + 1)
 
         pos, neg = self._stack(conditions, params.guidance_scale)
-        sde_set = set(sde_indices)
         keep = sorted({p for j in sde_indices for p in (j, j + 1)} | {T})
-        stored: dict[int, Tensor] = {}
-        log_probs: list[Tensor] = []
-        means: list[Tensor] = []
-        for j in range(T):
-            if j in keep:
-                stored[j] = x.cpu()
-            v = self._forward(x, sigmas[:, j], pos, neg, params.guidance_scale)
-            if j in sde_set:
-                z = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in step_gens]).to(
-                    dev
-                )
-                res: StepResult = strategy.step(x, v, sigmas, j, params.eta, noise=z)
-                if res.log_prob is not None:
-                    log_probs.append(res.log_prob.cpu())
-                if self.record_old_means:
-                    means.append(res.mean.cpu())
-            else:
-                res = ode_step(x, v, sigmas[:, j], sigmas[:, j + 1])
-            x = res.x_next
-        stored[T] = x.cpu()
+        x, stored, log_probs, means = self._denoise(
+            x, sigmas, params, strategy, set(sde_indices), keep, pos, neg, step_gens
+        )
 
         images = self.bundle.decode(x)
         lp = torch.stack(log_probs, dim=1) if scored and sde_indices else None  # [B, n]
@@ -181,6 +163,41 @@ class FlowMatchPipeline:
             )
             part.outputs = [ImagePrimitive(pixels=images[b])]
             part.status = "completed"
+
+    def _denoise(
+        self,
+        x: Tensor,
+        sigmas: Tensor,
+        params: DiffusionSamplingParams,
+        strategy: SDEStrategy,
+        sde_set: set[int],
+        keep: list[int],
+        pos: dict[str, Tensor],
+        neg: dict[str, Tensor] | None,
+        step_gens: list[torch.Generator],
+    ) -> tuple[Tensor, dict[int, Tensor], list[Tensor], list[Tensor]]:
+        """The T steps: SDE on ``sde_set``, Euler elsewhere. Returns (x_final, stored latents by
+        position, per-SDE-step log-probs [B] each, per-SDE-step means [B, ...] when recorded)."""
+        stored: dict[int, Tensor] = {}
+        log_probs: list[Tensor] = []
+        means: list[Tensor] = []
+        shape = tuple(x.shape[1:])
+        for j in range(params.num_steps):
+            if j in keep:
+                stored[j] = x.cpu()
+            v = self._forward(x, sigmas[:, j], pos, neg, params.guidance_scale)
+            if j in sde_set:
+                z = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in step_gens])
+                res: StepResult = strategy.step(x, v, sigmas, j, params.eta, noise=z.to(x.device))
+                if res.log_prob is not None:
+                    log_probs.append(res.log_prob.cpu())
+                if self.record_old_means:
+                    means.append(res.mean.cpu())
+            else:
+                res = ode_step(x, v, sigmas[:, j], sigmas[:, j + 1])
+            x = res.x_next
+        stored[params.num_steps] = x.cpu()
+        return x, stored, log_probs, means
 
     def _encode(
         self, members: list[tuple[Sample, Part, DiffusionSamplingParams]], params: DiffusionSamplingParams

@@ -14,7 +14,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 from torch import Tensor
 
 from unirl.rollout.sde.base import StepResult
-from unirl.rollout.sde.cps import cps_step
+from unirl.rollout.sde.cps import CPSScoring, cps_step
 from unirl.rollout.sde.flow_sde import dance_sde_step, flow_sde_step
 from unirl.rollout.sde.ode import ode_step
 
@@ -34,8 +34,15 @@ __all__ = [
 class SDEStrategy(Protocol):
     """A stochastic step kernel with a per-step score of the sampled transition."""
 
-    name: str
-    stochastic: bool  # False: every step is the Euler step and nothing has a log-prob
+    @property
+    def name(self) -> str:
+        """The ``sde_strategy`` value that selects this strategy."""
+        ...
+
+    @property
+    def stochastic(self) -> bool:
+        """False: every step is the Euler step and nothing has a log-prob."""
+        ...
 
     def step(
         self,
@@ -75,7 +82,17 @@ class FlowSDEStrategy:
     name: ClassVar[str] = "flow_sde"
     stochastic: ClassVar[bool] = True
 
-    def step(self, x, v, sigmas, j, eta, *, noise=None, x_next=None) -> StepResult:  # type: ignore[no-untyped-def]
+    def step(
+        self,
+        x: Tensor,
+        v: Tensor,
+        sigmas: Tensor,
+        j: int,
+        eta: float,
+        *,
+        noise: Tensor | None = None,
+        x_next: Tensor | None = None,
+    ) -> StepResult:
         return flow_sde_step(
             x, v, sigmas[:, j], sigmas[:, j + 1], eta, sigma_at_one=sigmas[:, 1], noise=noise, x_next=x_next
         )
@@ -95,7 +112,17 @@ class DanceSDEStrategy:
     name: ClassVar[str] = "dance_sde"
     stochastic: ClassVar[bool] = True
 
-    def step(self, x, v, sigmas, j, eta, *, noise=None, x_next=None) -> StepResult:  # type: ignore[no-untyped-def]
+    def step(
+        self,
+        x: Tensor,
+        v: Tensor,
+        sigmas: Tensor,
+        j: int,
+        eta: float,
+        *,
+        noise: Tensor | None = None,
+        x_next: Tensor | None = None,
+    ) -> StepResult:
         return dance_sde_step(x, v, sigmas[:, j], sigmas[:, j + 1], eta, noise=noise, x_next=x_next)
 
     def check(self, sigmas: Sequence[float], sde_indices: Sequence[int], eta: float) -> None:
@@ -108,9 +135,19 @@ class CPSStrategy:
 
     name: ClassVar[str] = "cps"
     stochastic: ClassVar[bool] = True
-    scoring: ClassVar[str] = "gaussian"
+    scoring: ClassVar[CPSScoring] = "gaussian"
 
-    def step(self, x, v, sigmas, j, eta, *, noise=None, x_next=None) -> StepResult:  # type: ignore[no-untyped-def]
+    def step(
+        self,
+        x: Tensor,
+        v: Tensor,
+        sigmas: Tensor,
+        j: int,
+        eta: float,
+        *,
+        noise: Tensor | None = None,
+        x_next: Tensor | None = None,
+    ) -> StepResult:
         return cps_step(
             x,
             v,
@@ -138,7 +175,7 @@ class CPSNoVarianceStrategy(CPSStrategy):
     """CPS scored as -mean((x_next - mu)^2): the peers' variance-free score (not a log-density)."""
 
     name: ClassVar[str] = "cps_novar"
-    scoring: ClassVar[str] = "no_variance"
+    scoring: ClassVar[CPSScoring] = "no_variance"
 
 
 @dataclass(frozen=True)
@@ -148,7 +185,17 @@ class ODEStrategy:
     name: ClassVar[str] = "ode"
     stochastic: ClassVar[bool] = False
 
-    def step(self, x, v, sigmas, j, eta, *, noise=None, x_next=None) -> StepResult:  # type: ignore[no-untyped-def]
+    def step(
+        self,
+        x: Tensor,
+        v: Tensor,
+        sigmas: Tensor,
+        j: int,
+        eta: float,
+        *,
+        noise: Tensor | None = None,
+        x_next: Tensor | None = None,
+    ) -> StepResult:
         return ode_step(x, v, sigmas[:, j], sigmas[:, j + 1])
 
     def check(self, sigmas: Sequence[float], sde_indices: Sequence[int], eta: float) -> None:

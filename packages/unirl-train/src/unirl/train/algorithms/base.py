@@ -98,15 +98,15 @@ class ContextReference:
         self.context = context
 
     def _ctx(self) -> AbstractContextManager[Any]:
-        return self.context()  # type: ignore[no-any-return]
+        return self.context()
 
     def replay_step(self, parts: Sequence[Part], step: int) -> StepReplayLike:
         with torch.no_grad(), self._ctx():
-            return self.pipeline.replay_step(parts, step)  # type: ignore[no-any-return]
+            return self.pipeline.replay_step(parts, step)
 
     def replay_logprobs(self, parts: Sequence[Part]) -> TokenReplayLike:
         with torch.no_grad(), self._ctx():
-            return self.pipeline.replay_logprobs(parts)  # type: ignore[no-any-return]
+            return self.pipeline.replay_logprobs(parts)
 
 
 # ---- small helpers shared by the algorithms ---------------------------------------------------
@@ -147,7 +147,7 @@ def advantages(parts: Sequence[Part], algorithm: str, device: torch.device) -> T
 
 def as_tensor(x: Any, device: torch.device | None = None, dtype: torch.dtype | None = None) -> Tensor:
     """A schema tensor field (torch or numpy) as a torch tensor on ``device``."""
-    return to_torch(x, device=device, dtype=dtype)  # type: ignore[no-any-return]
+    return to_torch(x, device=device, dtype=dtype)
 
 
 def require(cond: bool, message: str) -> None:

@@ -209,8 +209,9 @@ class FakeTokenPipeline:
 def check_stage_algorithm(
     algorithm: StageAlgorithm, parts: Sequence[Part], pipeline: object, totals: BatchTotals
 ) -> None:
-    """Contract: protocol attributes present; prepare then loss gives a finite scalar with a
-    gradient and float metrics. Raises AssertionError-free ValueErrors for test reporting."""
+    """Contract every StageAlgorithm (fakes included) passes: it satisfies the protocol, and
+    ``prepare`` (under no_grad) then ``loss`` give a finite 0-dim loss with a gradient and finite
+    float metrics. Raises TypeError / ValueError describing the first violation."""
     if not isinstance(algorithm, StageAlgorithm):
         raise TypeError(f"{type(algorithm).__name__} does not satisfy the StageAlgorithm protocol")
     with torch.no_grad():

@@ -23,7 +23,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from unirl.train.backends.base import StepStats
 from unirl.train.backends.dist import ensure_process_group
 from unirl.train.ema import EMA, EMAConfig, swapped_weights
-from unirl.train.lora import LoRAConfig, inject_lora, lora_disabled, lora_scalings, merge_lora_state_dict
+from unirl.train.lora import (
+    LoRAConfig,
+    adapter_state_dict,
+    inject_lora,
+    lora_disabled,
+    lora_scalings,
+    merge_lora_state_dict,
+)
 from unirl.train.optim import AdamWConfig, ConstantSchedule, ScheduleConfig, build_scheduler
 from unirl.train.precision import PrecisionConfig
 
@@ -76,7 +83,9 @@ class FSDPBackend:
         from torch.distributed.fsdp import fully_shard
 
         if config.reference == "lora_base" and config.lora is None:
-            raise ValueError("reference='lora_base' needs lora to be set; use reference='frozen_copy' instead")
+            raise ValueError(
+                "reference='lora_base' needs lora to be set; use reference='frozen_copy' instead"
+            )
         self.config = config
         self.device = torch.device(device) if device is not None else default_device()
         if self.device.type == "cuda":
@@ -94,7 +103,9 @@ class FSDPBackend:
         names = set(config.shard_modules or getattr(module, "_no_split_modules", None) or [])
         blocks = [m for m in module.modules() if m is not module and type(m).__name__ in names]
         for block in blocks:
-            fully_shard(block, mesh=self.mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward)
+            fully_shard(
+                block, mesh=self.mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward
+            )
         fully_shard(module, mesh=self.mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward)
         # Losses are already divided by GLOBAL BatchTotals (summed over ranks), so the gradient
         # reduction must SUM over ranks; FSDP2's default would average (divide by world size).
@@ -182,18 +193,29 @@ class FSDPBackend:
         """Full CPU weights (on rank 0; other ranks get {}); LoRA merged into base keys by default."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        sd = get_model_state_dict(
+        sd: dict[str, torch.Tensor] = get_model_state_dict(  # type: ignore[assignment]  # model sds hold tensors
             self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )
         if merge_lora and self.config.lora is not None and sd:
             sd = merge_lora_state_dict(sd, lora_scalings(self.module))
         return sd
 
+    def lora_state_dict(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapter weights only (peft file layout, CPU, on rank 0) for LoRA-only weight sync."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if self.config.lora is None:
+            raise ValueError("lora_state_dict() needs backend.lora to be configured")
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        return adapter_state_dict(get_model_state_dict(self.module, options=opts))  # type: ignore[arg-type]
+
     # -- checkpoint state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Full CPU state of the trainable params, optimizer, scheduler, EMA and step (collective).
 
         Frozen parameters are left out: they come back from the model's own weights on rebuild.
+        The result is a snapshot: on CPU, where `cpu_offload` would hand back views of the live
+        parameters and optimizer state, tensors are copied.
         """
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -202,13 +224,14 @@ class FSDPBackend:
         )
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-        return {
+        state = {
             "model": get_model_state_dict(self.module, options=opts),
             "optimizer": get_optimizer_state_dict(self.module, self.optimizer, options=opts),
             "scheduler": self.scheduler.state_dict(),
             "ema": {n: _full(t).cpu() for n, t in self.ema.shadow.items()} if self.ema else {},
             "global_step": self._step,
         }
+        return _snapshot(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()` output (every rank passes the full state)."""
@@ -219,7 +242,8 @@ class FSDPBackend:
         )
 
         missing = set(self.trainable) - set(state["model"])
-        unexpected = set(state["model"]) - set(dict(self.module.named_parameters()))
+        known = {n for n, _ in self.module.named_parameters()} | {n for n, _ in self.module.named_buffers()}
+        unexpected = set(state["model"]) - known
         if missing or unexpected:
             raise ValueError(
                 f"checkpoint model state does not match the trainable parameters: missing "
@@ -234,7 +258,7 @@ class FSDPBackend:
         self._step = int(state["global_step"])
 
 
-def enable_gradient_checkpointing(module: torch.nn.Module) -> None:
+def enable_gradient_checkpointing(module: Any) -> None:
     """diffusers `enable_gradient_checkpointing()`, or transformers `activation_checkpointing_enable()`
     (transformers >= 5) / `gradient_checkpointing_enable()` (older), non-reentrant."""
     if hasattr(module, "enable_gradient_checkpointing"):
@@ -248,6 +272,19 @@ def enable_gradient_checkpointing(module: torch.nn.Module) -> None:
             f"gradient_checkpointing=True but {type(module).__name__} has neither "
             "enable_gradient_checkpointing() (diffusers) nor gradient_checkpointing_enable() (transformers)"
         )
+
+
+def _snapshot(tree: Any) -> Any:
+    """A copy of a nested dict/list state whose tensors share no storage with live state."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        return {k: _snapshot(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_snapshot(v) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(_snapshot(v) for v in tree)
+    return tree
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,60 @@
+"""Model configs the recipes name: each builds a bundle through its real loading path."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+DType = Literal["float32", "bfloat16", "float16"]
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+class SD3ModelConfig(BaseModel):
+    """Stable Diffusion 3 / 3.5 through diffusers: ``path`` is a local folder or hub id.
+
+    With ``path: null`` a tiny random SD3 is built in code (same classes, tiny config): the CPU
+    variant every SD3 recipe has."""
+
+    model_config = _STRICT
+    kind: Literal["sd3"] = "sd3"
+    path: str | None = None
+    dtype: DType = "float32"
+    max_sequence_length: int = Field(default=256, ge=1)
+
+    def build(self, device: torch.device, seed: int) -> Any:
+        from unirl.rollout.models.sd3 import SD3Bundle
+
+        if self.path is None:
+            return SD3Bundle.tiny(seed=seed).to(device)
+        return SD3Bundle.from_pretrained(
+            self.path, dtype=torch_dtype(self.dtype), device=device, max_sequence_length=self.max_sequence_length
+        )
+
+
+class TinyShapesModelConfig(BaseModel):
+    """The small pixel-space text-to-image model trained from scratch on the shapes world:
+    a tiny SD3Transformer2DModel on 3-channel pixels and a small frozen word-level text encoder."""
+
+    model_config = _STRICT
+    kind: Literal["tiny_shapes"] = "tiny_shapes"
+    resolution: int = Field(default=32, ge=8)
+    patch_size: int = Field(default=4, ge=1)
+    num_layers: int = Field(default=4, ge=1)
+    num_heads: int = Field(default=4, ge=1)
+    head_dim: int = Field(default=16, ge=4)
+    text_dim: int = Field(default=64, ge=8)
+    text_layers: int = Field(default=2, ge=1)
+
+    def build(self, device: torch.device, seed: int) -> Any:
+        from unirl.rollout.models.tiny.pixel_bundle import PixelFlowBundle
+
+        return PixelFlowBundle.shapes(**self.model_dump(exclude={"kind"}), seed=seed).to(device)
+
+
+DiffusionModelConfig = Annotated[SD3ModelConfig | TinyShapesModelConfig, Field(discriminator="kind")]
