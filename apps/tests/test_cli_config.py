@@ -43,7 +43,9 @@ def test_typo_names_the_path(tmp_path):
 
 def test_impossible_value_names_field_and_value(tmp_path):
     r = write(tmp_path, "trainer: toy\ntrain: {micro_batch_size: 2}\n")
-    with pytest.raises(RecipeError, match=r"train.micro_batch_size: Input should be greater than or equal to 1 \(got 0\)"):
+    with pytest.raises(
+        RecipeError, match=r"train.micro_batch_size: Input should be greater than or equal to 1 \(got 0\)"
+    ):
         load(Toy, r, ["train.micro_batch_size=0"])
 
 

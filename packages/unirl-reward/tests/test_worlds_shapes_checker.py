@@ -150,3 +150,11 @@ def test_input_validation() -> None:
         check_image(np.zeros((8, 8), dtype=np.uint8), "a red circle")
     with pytest.raises(TypeError, match="uint8"):
         check_image(np.zeros((8, 8, 3), dtype=np.float32), "a red circle")
+
+
+def test_worlds_checkers_import_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, unirl.reward.worlds; sys.exit(int('torch' in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

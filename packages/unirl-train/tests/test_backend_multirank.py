@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent
 
 
-def _train(tiny, rank: int, world: int, out_dir: str) -> dict:
+def _train(tiny, rank: int, world: int, out_dir: str, defer: bool = False) -> dict:
     from unirl.train import checkpoint as ckpt
     from unirl.train.backends.fsdp import FSDPConfig
     from unirl.train.ema import EMAConfig
@@ -28,7 +28,9 @@ def _train(tiny, rank: int, world: int, out_dir: str) -> dict:
     from unirl.train.stack import TrainStack
 
     torch.manual_seed(0)
-    cfg = FSDPConfig(optimizer=AdamWConfig(lr=0.05), grad_clip=0.5, ema=EMAConfig(decay=0.9))
+    cfg = FSDPConfig(
+        optimizer=AdamWConfig(lr=0.05), grad_clip=0.5, ema=EMAConfig(decay=0.9), defer_grad_sync=defer
+    )
     backend = cfg.build(tiny.BigramPolicy(), "cpu")
     stack = TrainStack(
         backend,
@@ -40,7 +42,7 @@ def _train(tiny, rank: int, world: int, out_dir: str) -> dict:
     per_rank = len(parts) // world
     metrics = stack.train_on(parts[rank * per_rank : (rank + 1) * per_rank])
     full = backend.full_state_dict()
-    path = ckpt.save_checkpoint(Path(out_dir) / f"ckpt-ws{world}", backend, extra={"cursor": 8})
+    path = ckpt.save_checkpoint(Path(out_dir) / f"ckpt-ws{world}-{defer}", backend, extra={"cursor": 8})
     extra = ckpt.load_checkpoint(path, backend)
     return {
         "params": full,
@@ -59,9 +61,9 @@ def _worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
     try:
         import conftest as tiny  # the helpers, imported as a plain module in the child
 
-        result = _train(tiny, rank, world, out_dir)
+        results = {f"defer={d}": _train(tiny, rank, world, out_dir, defer=d) for d in (False, True)}
         if rank == 0:
-            torch.save(result, Path(out_dir) / f"ws{world}.pt")
+            torch.save(results, Path(out_dir) / f"ws{world}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -71,7 +73,11 @@ def test_world_size_two_matches_one(tiny, tmp_path: Path) -> None:
     mp.start_processes(
         _worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, start_method="spawn"
     )
-    two = torch.load(tmp_path / "ws2.pt", weights_only=True)
+    for two in torch.load(tmp_path / "ws2.pt", weights_only=True).values():  # per-micro and deferred sync
+        _check_same(one, two)
+
+
+def _check_same(one: dict, two: dict) -> None:
     assert two["cursor"] == 8
     assert float(two["grad_norm"]) == pytest.approx(float(one["grad_norm"]), rel=1e-5)
     assert float(two["loss"]) == pytest.approx(float(one["loss"]), rel=1e-5, abs=1e-7)

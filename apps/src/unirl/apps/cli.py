@@ -48,7 +48,9 @@ def _run(args: argparse.Namespace, mode: str, force_trainer: str | None = None) 
     data = load_dict(recipe_name, args.overrides)
     kind = force_trainer or data.get("trainer")
     if force_trainer and data.get("trainer", force_trainer) != force_trainer:
-        raise RecipeError(f"this entry point runs trainer={force_trainer!r}; the recipe says {data['trainer']!r}")
+        raise RecipeError(
+            f"this entry point runs trainer={force_trainer!r}; the recipe says {data['trainer']!r}"
+        )
     module = trainer_module(kind)
     recipe = validate(module.Recipe, data, source=f"recipe {recipe_name!r}")
     stem = Path(recipe_name).stem
@@ -75,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add_run(name: str, help_: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_, description=help_)
-        sp.add_argument("recipe", nargs="?", help=f"shipped recipe name or a .yaml path (default: {DEFAULT_RECIPE})")
+        sp.add_argument(
+            "recipe", nargs="?", help=f"shipped recipe name or a .yaml path (default: {DEFAULT_RECIPE})"
+        )
         sp.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rl.steps=20 train.lr=3e-4")
         sp.add_argument("--run-dir", help="where to write the run (default: runs/<recipe>-<time>)")
         sp.add_argument("-v", "--verbose", action="store_true")
@@ -83,7 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run("train", "SFT warm-start (if the recipe has one), then RL; evaluates before and after.")
     add_run("sft", "Only the supervised warm-start of a recipe.")
-    add_run("eval", "Evaluate a recipe's policy (from --run-dir's last checkpoint when given) on held-out prompts.")
+    add_run(
+        "eval",
+        "Evaluate a recipe's policy (from --run-dir's last checkpoint when given) on held-out prompts.",
+    )
     sub.add_parser("recipes", help="List the shipped recipes.")
     return p
 
@@ -91,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, *, force_trainer: str | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv and "=" in argv[0] or (argv and argv[0].endswith((".yaml", ".yml"))):
+    if (argv and "=" in argv[0]) or (argv and argv[0].endswith((".yaml", ".yml"))):
         argv = ["train", *argv]  # `unirl recipe.yaml a=b` reads as `unirl train ...`
     args = parser.parse_args(argv)
     if args.command is None:

@@ -36,7 +36,9 @@ def resolve_recipe_path(recipe: str) -> Path:
         return p
     shipped = shipped_recipes()
     if recipe not in shipped:
-        raise RecipeError(f"unknown recipe {recipe!r}; shipped recipes: {sorted(shipped)} (or pass a .yaml path)")
+        raise RecipeError(
+            f"unknown recipe {recipe!r}; shipped recipes: {sorted(shipped)} (or pass a .yaml path)"
+        )
     return shipped[recipe]
 
 

@@ -33,7 +33,10 @@ class SD3ModelConfig(BaseModel):
         if self.path is None:
             return SD3Bundle.tiny(seed=seed).to(device)
         return SD3Bundle.from_pretrained(
-            self.path, dtype=torch_dtype(self.dtype), device=device, max_sequence_length=self.max_sequence_length
+            self.path,
+            dtype=torch_dtype(self.dtype),
+            device=device,
+            max_sequence_length=self.max_sequence_length,
         )
 
 

@@ -8,7 +8,14 @@ from types import TracebackType
 
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 log = logging.getLogger("unirl")
 
@@ -62,6 +69,8 @@ class PhaseProgress:
         else:
             log.info("%s %d/%d %s", self.phase, self._step, self.total, text)
 
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._progress is not None:
             self._progress.__exit__(t, e, tb)

@@ -25,13 +25,21 @@ def write_report(
     lines = [f"# {title}", "", f"Recipe: `{recipe}`", ""]
     if evals:
         keys = sorted({k for m in evals.values() for k in m})
-        lines += ["## Held-out evaluation", "", "| stage | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+        lines += [
+            "## Held-out evaluation",
+            "",
+            "| stage | " + " | ".join(keys) + " |",
+            "|---" * (len(keys) + 1) + "|",
+        ]
         for stage, m in evals.items():
             lines.append(f"| {stage} | " + " | ".join(_fmt(m.get(k)) for k in keys) + " |")
         stages = list(evals)
         if len(stages) >= 2 and "accuracy" in evals[stages[-1]] and "accuracy" in evals[stages[-2]]:
             a, b = evals[stages[-2]]["accuracy"], evals[stages[-1]]["accuracy"]
-            lines += ["", f"**{stages[-1]} vs {stages[-2]}: accuracy {a:.1%} -> {b:.1%} ({(b - a) * 100:+.1f} points).**"]
+            lines += [
+                "",
+                f"**{stages[-1]} vs {stages[-2]}: accuracy {a:.1%} -> {b:.1%} ({(b - a) * 100:+.1f} points).**",
+            ]
         lines.append("")
     if timings:
         lines += ["## Time", ""] + [f"- {k}: {v:.1f} s" for k, v in timings.items()] + [""]
@@ -42,7 +50,10 @@ def write_report(
         lines += ["## Samples", ""] + [f"![{Path(i).stem}]({i})" for i in images] + [""]
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
-    lines += ["Metrics: `metrics.jsonl` (and TensorBoard: `tensorboard --logdir tb`). Config: `config.yaml`.", ""]
+    lines += [
+        "Metrics: `metrics.jsonl` (and TensorBoard: `tensorboard --logdir tb`). Config: `config.yaml`.",
+        "",
+    ]
     path = root / "report.md"
     path.write_text("\n".join(lines))
     return path

@@ -44,7 +44,9 @@ class RunDir:
 
     def log(self, step: int, metrics: dict[str, float], *, phase: str) -> None:
         """Append one row (``phase`` e.g. "sft", "rl", "eval") to metrics.jsonl and TensorBoard."""
-        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(float(v))}
+        clean = {
+            k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(float(v))
+        }
         row = {"phase": phase, "step": step, "time": round(time.time() - self.start, 3), **clean}
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()

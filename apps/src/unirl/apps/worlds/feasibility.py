@@ -20,19 +20,19 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from diffusers import SD3Transformer2DModel
 
 from unirl.apps.worlds.shapes import ShapesWorld, ShapesWorldConfig, images_to_unit, unit_to_images
 from unirl.reward.worlds.shapes_checker import CheckerConfig, check_image
 from unirl.reward.worlds.shapes_spec import VOCAB
-from unirl.rollout.models.tiny.text_encoder import TinyTextEncoder, WordTokenizer
-from unirl.rollout.models.tiny.unet import TinyUNet
+from unirl.rollout.models.tiny.pixel_bundle import PixelFlowBundle
 from unirl.rollout.schedules import static_shifted_sigmas
 
 
 @dataclass
 class FeasibilityConfig:
-    """One probe run. Model: SD3Transformer2DModel on pixels (in_channels=3, identity 'VAE')."""
+    """One probe run. Model: `PixelFlowBundle` (identity 'VAE'): a tiny SD3Transformer2DModel on
+    pixels (arch="sd3": patch_size, num_layers, num_heads, head_dim) or `TinyUNet` (arch="unet":
+    unet_channels); world: the `ShapesWorldConfig` fields repeated here."""
 
     arch: str = "sd3"  # "sd3" (diffusers SD3Transformer2DModel) or "unet" (TinyUNet)
     unet_channels: int = 32
@@ -67,37 +67,37 @@ class FeasibilityConfig:
 
 
 class TinyShapesModel(torch.nn.Module):
-    """Text encoder + SD3 transformer; `velocity(x, sigma, captions)` is the model's v prediction."""
+    """`PixelFlowBundle` with a trainable text encoder, as one module for the SFT optimizer."""
 
     def __init__(self, cfg: FeasibilityConfig) -> None:
         super().__init__()
-        self.tokenizer = WordTokenizer(VOCAB, max_length=12)
-        self.text = TinyTextEncoder(
-            self.tokenizer.vocab_size, 12, cfg.text_dim, cfg.text_layers, 4, cfg.text_dim, cfg.text_dim
+        if cfg.arch not in ("unet", "sd3"):
+            raise ValueError(f"arch={cfg.arch!r}: allowed 'unet' or 'sd3'")
+        self.bundle = PixelFlowBundle.tiny(
+            VOCAB,
+            arch=cfg.arch,  # type: ignore[arg-type]
+            resolution=cfg.resolution,
+            text_dim=cfg.text_dim,
+            text_layers=cfg.text_layers,
+            unet_channels=cfg.unet_channels,
+            sd3_patch_size=cfg.patch_size,
+            sd3_layers=cfg.num_layers,
+            sd3_heads=cfg.num_heads,
+            sd3_head_dim=cfg.head_dim,
+            seed=cfg.seed,
+            train_text_encoder=True,
         )
-        if cfg.arch == "unet":
-            self.transformer = TinyUNet(3, cfg.unet_channels, cfg.text_dim, cfg.text_dim)
-            return
-        self.transformer = SD3Transformer2DModel(
-            sample_size=cfg.resolution,
-            patch_size=cfg.patch_size,
-            in_channels=3,
-            out_channels=3,
-            num_layers=cfg.num_layers,
-            attention_head_dim=cfg.head_dim,
-            num_attention_heads=cfg.num_heads,
-            joint_attention_dim=cfg.text_dim,
-            caption_projection_dim=cfg.num_heads * cfg.head_dim,
-            pooled_projection_dim=cfg.text_dim,
-            pos_embed_max_size=cfg.resolution // cfg.patch_size,
-        )
+        self.transformer = self.bundle.transformer
+        self.text = self.bundle.text_encoder
 
     def encode(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.text(*self.tokenizer(captions))
+        return self.bundle.encode_trainable(captions)
 
     def velocity(self, x_BCHW: torch.Tensor, sigma_B: torch.Tensor, cond: tuple[torch.Tensor, torch.Tensor]):
         hidden, pooled = cond
-        return self.transformer(x_BCHW, hidden, pooled, sigma_B * 1000.0, return_dict=False)[0]
+        return self.bundle.predict_velocity(
+            x_BCHW, sigma_B, {"prompt_embeds": hidden, "pooled_prompt_embeds": pooled}
+        )
 
 
 @torch.no_grad()

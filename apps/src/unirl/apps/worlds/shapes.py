@@ -281,11 +281,16 @@ class ShapesWorld:
         return ShapesExample(image=image, caption=spec_to_caption(spec), spec=spec, objects=tuple(objects))
 
     def sample(self, n: int, seed: int, split: Split = "train") -> list[ShapesExample]:
-        """`n` examples with specs drawn uniformly from `split`; a pure function of (n, seed, split)."""
-        rng = np.random.default_rng(seed)
+        """`n` examples with specs drawn uniformly from `split`.
+
+        Example i is a pure function of (seed, i, split), so `sample(4, s)` is a prefix of `sample(16, s)`.
+        """
         specs = self.specs(split)
-        picks = rng.integers(0, len(specs), size=n)
-        return [self.example(specs[int(i)], rng) for i in picks]
+        out = []
+        for i in range(n):
+            rng = np.random.default_rng([seed, i])
+            out.append(self.example(specs[int(rng.integers(len(specs)))], rng))
+        return out
 
 
 def images_to_unit(images_BHWC: np.ndarray) -> np.ndarray:

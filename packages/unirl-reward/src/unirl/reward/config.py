@@ -55,7 +55,7 @@ class MathVerifyConfig(BaseModel):
     def build(self) -> Scorer:
         from unirl.reward.rules.math import MathVerifyScorer
 
-        return MathVerifyScorer(timeout_s=self.timeout_s)
+        return MathVerifyScorer(timeout_s=self.timeout_s, eager_start=True)
 
 
 class MultipleChoiceConfig(BaseModel):

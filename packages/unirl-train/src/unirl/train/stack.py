@@ -101,9 +101,9 @@ class TrainStack:
         self.backend.zero_grad()
         loss_sum = 0.0
         metrics: dict[str, float] = defaultdict(float)
-        for mb, w in zip(micro, weights):
+        for i, (mb, w) in enumerate(zip(micro, weights)):
             loss, m = self.algorithm.loss(mb, self.pipeline, totals)
-            self.backend.backward(loss)
+            self.backend.backward(loss, last_micro_batch=i == len(micro) - 1)
             loss_sum += float(loss.detach())
             for k, v in m.items():
                 metrics[k] += w * float(v)

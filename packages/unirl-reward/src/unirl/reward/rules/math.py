@@ -42,10 +42,12 @@ class MathVerifyScorer:
     modality: Modality = "text"
     output_range = (0.0, 1.0)
 
-    def __init__(self, timeout_s: float = 5.0, name: str = "math_verify") -> None:
+    def __init__(self, timeout_s: float = 5.0, name: str = "math_verify", eager_start: bool = False) -> None:
         self.name = name
         self.version = f"1+math-verify{_dist_version('math-verify')}"
         self._runner = IsolatedRunner("unirl.reward.rules.math:verify_answer", timeout_s=timeout_s)
+        if eager_start:  # pay the child's import time (sympy) now, not on the first request
+            self._runner.call(["1", "1"], default=False)
 
     @property
     def timeouts(self) -> int:

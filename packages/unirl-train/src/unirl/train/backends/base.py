@@ -48,8 +48,12 @@ class TrainBackend(Protocol):
     def zero_grad(self) -> None:
         """Drop the accumulated gradients."""
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Accumulate the gradient of `loss` (a micro-batch's share of the mini-batch loss)."""
+    def backward(self, loss: torch.Tensor, *, last_micro_batch: bool = True) -> None:
+        """Accumulate the gradient of `loss` (a micro-batch's share of the mini-batch loss).
+
+        `last_micro_batch` tells the backend this is the last backward before `step()` (a
+        backend may defer its gradient reduction until then).
+        """
 
     def step(self) -> StepStats:
         """Clip, skip if non-finite, optimizer step, scheduler step, EMA update."""

@@ -60,6 +60,12 @@ class FSDPConfig(BaseModel):
         description="Class names wrapped by their own fully_shard; None = the model's _no_split_modules.",
     )
     reshard_after_forward: bool = True
+    defer_grad_sync: bool = Field(
+        default=False,
+        description="Reduce-scatter gradients once per optimizer step (after the last micro-batch) "
+        "instead of after every micro-batch: fewer collectives, but unsharded gradients are held "
+        "between micro-batches. No effect at world size 1.",
+    )
 
     def build(self, module: torch.nn.Module, device: torch.device | str | None = None) -> FSDPBackend:
         """Wrap `module` (modified in place) in an FSDPBackend."""
@@ -145,7 +151,10 @@ class FSDPBackend:
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, *, last_micro_batch: bool = True) -> None:
+        """Accumulate the gradient of `loss`; with `defer_grad_sync`, ranks sync only on the last."""
+        if self.config.defer_grad_sync and self.world_size > 1:
+            self.module.set_requires_gradient_sync(last_micro_batch)  # type: ignore[operator]
         loss.backward()
 
     def step(self) -> StepStats:
@@ -231,7 +240,8 @@ class FSDPBackend:
             "ema": {n: _full(t).cpu() for n, t in self.ema.shadow.items()} if self.ema else {},
             "global_step": self._step,
         }
-        return _snapshot(state)
+        # Off CPU, cpu_offload already copied every tensor to host memory.
+        return _snapshot(state) if self.device.type == "cpu" else state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()` output (every rank passes the full state)."""

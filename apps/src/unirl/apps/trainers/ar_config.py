@@ -1,0 +1,40 @@
+"""The autoregressive recipe: every field typed, validated before any compute."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from unirl.apps.data import PromptListConfig
+from unirl.apps.trainers.phases import RLPhase, RunSettings, SFTPhaseBase
+from unirl.apps.worlds.arithmetic_source import ArithmeticDataConfig
+from unirl.reward.config import ServiceConfig
+from unirl.rollout.ar.config import CausalLMConfig
+from unirl.train.algorithms import TokenSFTConfig
+from unirl.train.backends.fsdp import FSDPConfig
+from unirl.types import ARSamplingParams
+
+DataConfig = Annotated[PromptListConfig | ArithmeticDataConfig, Field(discriminator="kind")]
+
+
+class ARSFTPhase(SFTPhaseBase):
+    algorithm: TokenSFTConfig = Field(default_factory=TokenSFTConfig)
+
+
+class Recipe(RunSettings):
+    """A causal-LM run: optional token-SFT warm-start on (prompt, answer) pairs, then RL (GRPO family)."""
+
+    trainer: Literal["ar"] = "ar"
+    model: CausalLMConfig
+    data: DataConfig
+    sampling: ARSamplingParams
+    eval_sampling: ARSamplingParams | None = Field(
+        default=None,
+        description="sampling for held-out evaluation (default: `sampling` with top_k=1, greedy)",
+    )
+    prompt_template: str = Field(default="{prompt}", description="str.format template with a {prompt} field")
+    backend: FSDPConfig
+    reward: ServiceConfig
+    sft: ARSFTPhase | None = None
+    rl: RLPhase | None = None

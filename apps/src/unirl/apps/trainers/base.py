@@ -1,0 +1,246 @@
+"""The lifecycle every domain trainer shares: init eval -> SFT -> eval -> RL -> eval -> report.
+
+A domain trainer (diffusion, ar) builds its bundle, pipeline, backend, engine, reward and data in
+``__init__`` and supplies the few domain steps: ``sft_parts``, ``eval_params`` and ``save_grid``.
+The RL step itself reads top to bottom: prompts -> rollout -> reward -> advantages -> train.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from unirl.apps.data import draw
+from unirl.apps.loop import StopFlag, latest_checkpoint, make_samples
+from unirl.apps.plots import plot_metrics
+from unirl.apps.progress import PhaseProgress
+from unirl.apps.report import write_report
+from unirl.apps.run_dir import RunDir, read_metrics
+from unirl.train.checkpoint import load_checkpoint, save_checkpoint
+from unirl.train.geometry import BatchGeometry
+from unirl.train.stack import TrainStack
+from unirl.types import Part, Sample, compute_sample_advantages
+
+log = logging.getLogger("unirl")
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def set_base_lr(backend: Any, lr: float) -> None:
+    """Change a phase's base learning rate; the backend's schedule keeps shaping it."""
+    sched = backend.scheduler
+    sched.base_lrs = [lr for _ in sched.base_lrs]
+    for g, f in zip(backend.optimizer.param_groups, sched.lr_lambdas):
+        g["lr"] = lr * f(sched.last_epoch)
+
+
+class Trainer:
+    """Shared controller; subclasses set the attributes listed in ``__init__``."""
+
+    stage: str
+    backend: Any
+    pipeline: Any
+    engine: Any
+    reward: Any
+    data: Any
+    algorithm: Any
+
+    def __init__(self, recipe: Any, run_dir: RunDir) -> None:
+        self.cfg, self.run = recipe, run_dir
+        if recipe.threads:
+            torch.set_num_threads(recipe.threads)
+        torch.manual_seed(recipe.seed)
+        self.device = pick_device(recipe.device)
+        self.rl_step = 0
+        self.evals: dict[str, dict[str, float]] = {}
+        self.timings: dict[str, float] = {}
+        self.grids: list[str] = []
+
+    # ---- domain hooks -------------------------------------------------------------------------
+    def sft_parts(self, batch_size: int, step: int) -> list[Part]:
+        raise NotImplementedError
+
+    def eval_params(self) -> Any:
+        """Sampling params for held-out evaluation."""
+        raise NotImplementedError
+
+    def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path | None:
+        return None
+
+    def shape_rewards(self, parts: list[Part]) -> None:
+        """Reward shaping before advantages (e.g. DAPO's overlong penalty); none by default."""
+
+    @property
+    def ema_rollout(self) -> bool:
+        return False
+
+    # ---- phases -------------------------------------------------------------------------------
+    def _timed(self, name: str, t0: float) -> None:
+        self.timings[name] = self.timings.get(name, 0.0) + time.time() - t0
+
+    def sft(self, stop: StopFlag) -> None:
+        phase = self.cfg.sft
+        if phase is None or phase.steps == 0:
+            return
+        if phase.lr is not None:
+            set_base_lr(self.backend, phase.lr)
+        geometry = BatchGeometry(micro_batch_size=phase.micro_batch_size or phase.batch_size)
+        stack = TrainStack(self.backend, phase.algorithm.build(), self.pipeline, geometry)
+        t0 = time.time()
+        with PhaseProgress("sft", phase.steps) as bar:
+            for step in range(phase.steps):
+                m = stack.train_on(self.sft_parts(phase.batch_size, step))
+                self.run.log(step, m, phase="sft")
+                bar.advance(loss=m.get("loss", float("nan")))
+                if stop.stop:
+                    break
+        self._timed("sft", t0)
+
+    def rollout(self, samples: list[Sample], step: int) -> list[Sample]:
+        with self.backend.ema_weights() if self.ema_rollout else nullcontext():
+            return self.engine.generate(samples, rollout_step=step)
+
+    def rl(self, stop: StopFlag) -> None:
+        phase = self.cfg.rl
+        if phase is None or phase.steps == 0 or self.rl_step >= phase.steps:
+            return
+        if phase.lr is not None:
+            set_base_lr(self.backend, phase.lr)
+        stack = TrainStack(self.backend, self.algorithm, self.pipeline, phase.geometry)
+        train = self.data.train_records()
+        t0 = time.time()
+        with PhaseProgress("rl", phase.steps - self.rl_step) as bar:
+            while self.rl_step < phase.steps and not stop.stop:
+                step = self.rl_step
+                records = draw(train, phase.prompts_per_step, seed=self.cfg.seed, step=step)
+                samples = make_samples(
+                    records,
+                    step=step,
+                    samples_per_prompt=phase.samples_per_prompt,
+                    split="train",
+                    dataset=self.data.name,
+                )
+                samples = self.rollout(samples, step)
+                rewards = [r.total for r in self.reward.score_samples(samples, self.stage)]
+                self.shape_rewards([s.part(self.stage) for s in samples])
+                compute_sample_advantages(samples, self.stage, phase.advantage)
+                m = stack.train_on([s.part(self.stage) for s in samples])
+                m |= {"reward_mean": float(np.mean(rewards)), "reward_std": float(np.std(rewards))}
+                self.run.log(step, m, phase="rl")
+                bar.advance(reward=m["reward_mean"], loss=m.get("loss", float("nan")))
+                self.rl_step += 1
+                if (
+                    self.cfg.eval.every
+                    and self.rl_step % self.cfg.eval.every == 0
+                    and self.rl_step < phase.steps
+                ):
+                    self.evaluate(f"rl@{self.rl_step}", step=self.rl_step)
+                if self.cfg.checkpoint_every and self.rl_step % self.cfg.checkpoint_every == 0:
+                    self.save()
+        self._timed("rl", t0)
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, name: str, *, step: int, grid: bool = False) -> dict[str, float]:
+        """Held-out prompts, ``eval.samples_per_prompt`` each: mean reward and accuracy@k
+        (a prompt counts as solved when any of its k samples reaches ``success_threshold``)."""
+        ev = self.cfg.eval
+        records = self.data.eval_records()[: ev.num_prompts]
+        if not records:
+            return {}
+        t0 = time.time()
+        samples = make_samples(
+            records, step=0, samples_per_prompt=ev.samples_per_prompt, split="eval", dataset=self.data.name
+        )
+        params = self.eval_params()
+        for s in samples:
+            s.ensure_part(self.stage).sampling_params = params
+        samples = self.engine.generate(samples, rollout_step=0)
+        rewards = [r.total for r in self.reward.score_samples(samples, self.stage)]
+        solved: dict[str, bool] = {}
+        for s, r in zip(samples, rewards):
+            solved[s.group_id] = solved.get(s.group_id, False) or r >= ev.success_threshold
+        m = {"reward": float(np.mean(rewards)), "accuracy": float(np.mean(list(solved.values())))}
+        self.evals[name] = m
+        self.run.log(step, {f"eval_{k}": v for k, v in m.items()}, phase="eval")
+        log.info(
+            "eval %-8s reward=%.3f accuracy=%.1f%% (%d prompts)",
+            name,
+            m["reward"],
+            100 * m["accuracy"],
+            len(solved),
+        )
+        if grid and ev.grid_size:
+            path = self.save_grid(
+                samples[: ev.grid_size], rewards[: ev.grid_size], self.run.samples / f"{name}.png"
+            )
+            if path is not None:
+                self.grids.append(str(path.relative_to(self.run.root)))
+        self._timed("eval", t0)
+        return m
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def save(self) -> None:
+        save_checkpoint(self.run.checkpoints / "latest", self.backend, extra={"rl_step": self.rl_step})
+
+    def resume(self) -> bool:
+        ckpt = latest_checkpoint(self.run.root)
+        if ckpt is None:
+            return False
+        self.rl_step = int(load_checkpoint(ckpt, self.backend).get("rl_step", 0))
+        log.info("resumed from %s at rl step %d", ckpt, self.rl_step)
+        return True
+
+    # ---- the whole run ------------------------------------------------------------------------
+    def run_all(self, mode: str, stop: StopFlag) -> None:
+        resumed = self.resume()
+        if mode == "eval":
+            self.evaluate("eval", step=self.rl_step, grid=True)
+            return
+        if not resumed:
+            has_sft = self.cfg.sft is not None and self.cfg.sft.steps > 0
+            if has_sft:
+                self.evaluate("init", step=0)
+                self.sft(stop)
+            self.evaluate("sft" if has_sft else "init", step=0, grid=True)
+        if mode == "train" and not stop.stop:
+            self.rl(stop)
+            if self.cfg.rl is not None and self.cfg.rl.steps:
+                self.evaluate("rl", step=self.rl_step, grid=True)
+        self.save()
+
+
+def run_trainer(
+    cls: type[Trainer], recipe: Any, run_dir: Path, *, mode: str, recipe_name: str, title: str
+) -> int:
+    rd = RunDir(run_dir, recipe.model_dump(mode="json"))
+    log.info("run directory: %s", rd.root)
+    stop = StopFlag()
+    try:
+        trainer = cls(recipe, rd)
+        with stop.installed():
+            trainer.run_all(mode, stop)
+        plot_metrics(read_metrics(rd.root / "metrics.jsonl"), rd.plots)
+        report = write_report(
+            rd.root,
+            title=title,
+            recipe=recipe_name,
+            evals=trainer.evals,
+            timings=trainer.timings,
+            images=trainer.grids,
+            notes=["stopped early by the user (checkpoint saved)"] if stop.stop else None,
+        )
+        log.info("report: %s", report)
+    finally:
+        rd.close()
+    return 130 if stop.stop else 0

@@ -1,0 +1,68 @@
+"""Recipe sections shared by the domain trainers: SFT and RL phases, evaluation, run settings."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from unirl.train.algorithms import AlgorithmConfig
+from unirl.train.geometry import BatchGeometry
+from unirl.types import AdvantageConfig
+
+STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class SFTPhaseBase(BaseModel):
+    """Supervised warm-start on the data source's (prompt, target) pairs."""
+
+    model_config = STRICT
+    steps: int = Field(ge=0, description="optimizer steps; 0 skips the phase")
+    batch_size: int = Field(ge=1)
+    lr: float | None = Field(default=None, gt=0, description="overrides backend.optimizer.lr for this phase")
+    micro_batch_size: int | None = Field(default=None, ge=1, description="default: batch_size")
+
+
+class RLPhase(BaseModel):
+    """RL: rollout -> reward -> advantage -> train, ``steps`` times."""
+
+    model_config = STRICT
+    steps: int = Field(ge=0)
+    prompts_per_step: int = Field(ge=1)
+    samples_per_prompt: int = Field(ge=1, description="group size; advantages are normalised within a group")
+    algorithm: AlgorithmConfig
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    geometry: BatchGeometry
+    lr: float | None = Field(default=None, gt=0, description="overrides backend.optimizer.lr for this phase")
+
+    @model_validator(mode="after")
+    def _shard(self) -> RLPhase:
+        self.geometry.check_shard(self.prompts_per_step * self.samples_per_prompt)
+        return self
+
+
+class EvalConfig(BaseModel):
+    model_config = STRICT
+    num_prompts: int = Field(default=32, ge=0, description="held-out prompts per evaluation (0 = off)")
+    samples_per_prompt: int = Field(default=1, ge=1, description="k of accuracy@k")
+    every: int = Field(default=0, ge=0, description="evaluate every N RL steps (0 = only before/after)")
+    grid_size: int = Field(default=8, ge=0, description="samples shown in the before/after grids")
+    success_threshold: float = Field(default=0.999, description="reward >= this counts as solved")
+
+
+class RunSettings(BaseModel):
+    """Fields every recipe has."""
+
+    model_config = STRICT
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(default=None, ge=1, description="torch CPU threads (None = torch default)")
+    checkpoint_every: int = Field(default=0, ge=0, description="RL steps between checkpoints (0 = end only)")
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="after")
+    def _phases(self) -> RunSettings:
+        sft, rl = getattr(self, "sft", None), getattr(self, "rl", None)
+        if sft is None and rl is None:
+            raise ValueError("the recipe has neither an `sft` nor an `rl` phase: nothing to run")
+        return self
