@@ -86,3 +86,30 @@ def test_unet_sft_loss_decreases() -> None:
     # Zero-initialised output conv: the first loss is E[(eps - x0)^2] ~ 1 + E[x0^2] ~ 1.9.
     assert 1.5 < losses[0] < 2.3
     assert losses[-1] < 0.7 * losses[0]
+
+
+@pytest.mark.slow
+def test_feasibility_probes_run_end_to_end() -> None:
+    from unirl.apps.worlds import feasibility, feasibility_arithmetic
+
+    rows = feasibility.run(
+        feasibility.FeasibilityConfig(
+            resolution=16,
+            size_min=4,
+            size_max=5,
+            unet_channels=16,
+            batch_size=8,
+            max_steps=2,
+            eval_samples_per_caption=1,
+            eval_max_captions=4,
+            num_steps=2,
+            final_grid=False,
+        )
+    )
+    assert rows[-1]["step"] == 2 and 0.0 <= rows[-1]["held_out_acc"] <= 1.0
+    rows = feasibility_arithmetic.run(
+        feasibility_arithmetic.ArithmeticFeasibilityConfig(
+            hidden_size=32, intermediate_size=64, batch_size=8, max_steps=2, eval_problems=8
+        )
+    )
+    assert rows[-1]["step"] == 2 and 0.0 <= rows[-1]["held_out_acc"] <= 1.0

@@ -61,3 +61,33 @@ class TestMathVerifyContract(ScorerContract):
 
     def test_worked(self, scorer, items):
         assert [r.total for r in scorer.score(items)] == [1.0, 0.0]
+
+
+def test_scorer_works_from_a_worker_thread(math_scorer):
+    # math-verify's own timeouts use signal.alarm (main thread only); ours must work in a server thread.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        res = pool.submit(math_scorer.score, [ScoreItem(response="#### 72", reference="72")]).result(
+            timeout=60
+        )
+    assert res[0].total == 1.0
+
+
+@pytest.mark.slow
+def test_hostile_answer_times_out_as_wrong():
+    # 9^9^9^9^9 makes sympy evaluate a tower it never finishes: without the bound this hangs (> 60 s).
+    s = MathVerifyScorer(timeout_s=1.0, eager_start=True)
+    try:
+        t0 = time.monotonic()
+        res = s.score(
+            [
+                ScoreItem(response=r"\boxed{9^{9^{9^{9^{9}}}}}", reference="2"),
+                ScoreItem(response=r"\boxed{2}", reference="2"),
+            ]
+        )
+        assert [r.total for r in res] == [0.0, 1.0]  # the next sample is scored by a fresh child
+        assert s.timeouts == 1
+        assert time.monotonic() - t0 < 45  # 1 s bound + one child restart, not the hang
+    finally:
+        s.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -160,6 +161,32 @@ def test_auth_required_when_token_set():
 def test_auth_off_on_loopback_by_default(server):
     h, _ = server
     assert httpx.get(h.url + "/v1/version").status_code == 200
+
+
+def test_not_ready_while_scorers_load():
+    release = threading.Event()
+
+    def slow_build():
+        if not release.wait(30):
+            raise RuntimeError("test never released the scorers")
+        return [WeightedScorer("length", 1.0, LengthScorer())]
+
+    with serve_in_thread(create_app(slow_build), wait_ready=False) as h:
+        assert httpx.get(h.url + "/health").status_code == 200
+        assert httpx.get(h.url + "/ready").json() == {"status": "not_ready"}
+        r = httpx.post(h.url + "/v1/score", json={"items": [{"response": "x"}]})
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1" and "loading" in r.json()["detail"]
+        release.set()
+        _wait_until(lambda: httpx.get(h.url + "/ready").status_code == 200)
+        assert httpx.post(h.url + "/v1/score", json={"items": [{"response": "x"}]}).status_code == 200
+
+
+def test_failed_load_is_reported():
+    def broken():
+        raise OSError("weights not found at /nowhere")
+
+    with pytest.raises(RuntimeError, match="weights not found"):
+        serve_in_thread(create_app(broken))
 
 
 def test_cli_refuses_public_bind_without_token(tmp_path, monkeypatch, capsys):

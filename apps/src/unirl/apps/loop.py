@@ -23,12 +23,18 @@ class PromptRecord:
 
 
 def make_samples(
-    records: Sequence[PromptRecord], *, step: int, samples_per_prompt: int, split: str, dataset: str
+    records: Sequence[PromptRecord],
+    *,
+    step: int,
+    samples_per_prompt: int,
+    split: str,
+    dataset: str,
+    tag: str = "",
 ) -> list[Sample]:
-    """``samples_per_prompt`` siblings per record; siblings share the group id ``<split><step>/<record id>``."""
+    """``samples_per_prompt`` siblings per record; siblings share the group id ``<split><step><tag>/<record id>``."""
     out = []
     for r in records:
-        gid = f"{split}{step}/{r.id}"
+        gid = f"{split}{step}{tag}/{r.id}"
         for k in range(samples_per_prompt):
             out.append(
                 Sample(

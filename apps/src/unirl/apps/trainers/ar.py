@@ -51,7 +51,7 @@ class ARTrainer(Trainer):
         parts = []
         for prompt, target in self.data.sft_pairs(batch_size, seed=self.cfg.seed, step=step):
             text = self.cfg.prompt_template.format(prompt=prompt)
-            response = self.bundle.tokenizer.encode(target, add_special_tokens=False) + [eos]
+            response = [*self.bundle.tokenizer.encode(target, add_special_tokens=False), eos]
             seg = TextSegment(prompt_ids=self.bundle.encode_prompt(text), response_ids=response)
             parts.append(
                 Part(

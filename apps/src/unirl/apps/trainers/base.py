@@ -122,20 +122,10 @@ class Trainer:
         with PhaseProgress("rl", phase.steps - self.rl_step) as bar:
             while self.rl_step < phase.steps and not stop.stop:
                 step = self.rl_step
-                records = draw(train, phase.prompts_per_step, seed=self.cfg.seed, step=step)
-                samples = make_samples(
-                    records,
-                    step=step,
-                    samples_per_prompt=phase.samples_per_prompt,
-                    split="train",
-                    dataset=self.data.name,
-                )
-                samples = self.rollout(samples, step)
-                rewards = [r.total for r in self.reward.score_samples(samples, self.stage)]
-                self.shape_rewards([s.part(self.stage) for s in samples])
-                compute_sample_advantages(samples, self.stage, phase.advantage)
+                samples, extra = self.collect(phase, train, step)
                 m = stack.train_on([s.part(self.stage) for s in samples])
-                m |= {"reward_mean": float(np.mean(rewards)), "reward_std": float(np.std(rewards))}
+                rewards = [s.part(self.stage).reward.total for s in samples]
+                m |= {"reward_mean": float(np.mean(rewards)), "reward_std": float(np.std(rewards)), **extra}
                 self.run.log(step, m, phase="rl")
                 bar.advance(reward=m["reward_mean"], loss=m.get("loss", float("nan")))
                 self.rl_step += 1
@@ -148,6 +138,42 @@ class Trainer:
                 if self.cfg.checkpoint_every and self.rl_step % self.cfg.checkpoint_every == 0:
                     self.save()
         self._timed("rl", t0)
+
+    def collect(self, phase: Any, train: list[Any], step: int) -> tuple[list[Sample], dict[str, float]]:
+        """prompts -> rollout -> reward (+ shaping) -> advantages, for one RL step.
+
+        With dynamic sampling, groups whose rewards are all equal carry no signal: they are
+        dropped and refilled by extra rollout rounds (at most ``max_extra_rollouts``); if still
+        short, dropped groups fill the batch so its size, and so the batch geometry, stays fixed."""
+        n, ds = phase.prompts_per_step, phase.dynamic_sampling
+        kept: list[list[Sample]] = []
+        dropped: list[list[Sample]] = []
+        rounds = 0
+        while True:
+            records = draw(train, n, seed=self.cfg.seed + 7919 * rounds, step=step)
+            batch = make_samples(
+                records, step=step, samples_per_prompt=phase.samples_per_prompt, split="train",
+                dataset=self.data.name, tag=f"r{rounds}" if rounds else "",
+            )  # fmt: skip
+            batch = self.rollout(batch, step)
+            self.reward.score_samples(batch, self.stage)
+            self.shape_rewards([s.part(self.stage) for s in batch])
+            groups: dict[str, list[Sample]] = {}
+            for s in batch:
+                groups.setdefault(s.group_id, []).append(s)
+            for g in groups.values():
+                totals = {s.part(self.stage).reward.total for s in g}
+                (kept if ds is None or len(totals) > 1 else dropped).append(g)
+            if ds is None or len(kept) >= n or rounds >= ds.max_extra_rollouts:
+                break
+            rounds += 1
+        chosen = (kept + dropped)[:n]
+        samples = [s for g in chosen for s in g]
+        compute_sample_advantages(samples, self.stage, phase.advantage)
+        extra = {"groups_with_signal": float(min(len(kept), n)) / n}
+        if ds is not None:
+            extra["extra_rollouts"] = float(rounds)
+        return samples, extra
 
     # ---- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()

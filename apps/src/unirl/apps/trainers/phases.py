@@ -23,6 +23,17 @@ class SFTPhaseBase(BaseModel):
     micro_batch_size: int | None = Field(default=None, ge=1, description="default: batch_size")
 
 
+class DynamicSamplingConfig(BaseModel):
+    """DAPO dynamic sampling: drop groups whose rewards are all equal (no signal) and refill."""
+
+    model_config = STRICT
+    max_extra_rollouts: int = Field(
+        default=2,
+        ge=1,
+        description="extra rollout rounds per step at most; then zero-signal groups fill the batch",
+    )
+
+
 class RLPhase(BaseModel):
     """RL: rollout -> reward -> advantage -> train, ``steps`` times."""
 
@@ -34,6 +45,7 @@ class RLPhase(BaseModel):
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     geometry: BatchGeometry
     lr: float | None = Field(default=None, gt=0, description="overrides backend.optimizer.lr for this phase")
+    dynamic_sampling: DynamicSamplingConfig | None = None
 
     @model_validator(mode="after")
     def _shard(self) -> RLPhase:

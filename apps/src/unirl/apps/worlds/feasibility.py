@@ -1,4 +1,4 @@
-"""Feasibility probe: SFT a tiny pixel-space SD3 transformer on the shapes world on CPU.
+"""Feasibility probe: SFT a tiny pixel-space flow model on the shapes world on CPU.
 
 Trains a text-conditioned flow-matching model from scratch (rectified-flow MSE, diffusers
 conventions: x_t = (1 - sigma) x0 + sigma eps, v = eps - x0, timestep = 1000 sigma) for a wall-time
@@ -9,6 +9,24 @@ evaluation (accuracy vs wall time) so model size / resolution / step count can b
     python -m unirl.apps.worlds.feasibility --budget-s 210 --threads 2
 
 Timings on a shared CPU are noisy; the JSON lines carry train-only seconds as well as wall seconds.
+
+Measured 2026-12-01 (2 threads per run, 7-8 runs side by side on a 16-core x86 host; batch 64,
+lr 1e-3, 16 Euler steps, shift 1; held-out = 80 captions x 2 samples; acc = every check passes,
+acc_noshape = same with the shape check off):
+
+| model | world | steps (train s) | held-out acc | acc_noshape |
+|---|---|---|---|---|
+| SD3 pixel, p4, 4L, 64d (0.67M) | full grammar | 2148 (360) | 0.02 | 0.08 |
+| SD3 pixel, p4, 4L, 128d (2.4M) | full grammar | 1106 (360) | 0.03 | 0.13 |
+| SD3 pixel, p2 at 16 px | full grammar | 1496 (240) | 0.03 | 0.13 |
+| TinyUNet c32 (0.92M) | full grammar | 506 (240) | 0.03 | 0.08-0.11 |
+| TinyUNet c32 | max_count_pair=1 | 255 / 374 (120 / 180) | 0.10 / 0.15 | 0.35 / 0.42 |
+
+The pixel SD3 transformer's samples stay patch-fragmented (no coherent objects) at these step
+counts; the U-Net draws coherent blobs after ~300 steps, and what remains is text adherence
+(colour / count) and circle-vs-square, which the checker reads from blob fill. Hence the
+defaults here: arch="unet", max_count_pair=1; score with the shape check off for a moderate SFT
+accuracy (~0.35-0.4 at ~2-3 min), leaving room for RL.
 """
 
 from __future__ import annotations
@@ -34,7 +52,7 @@ class FeasibilityConfig:
     pixels (arch="sd3": patch_size, num_layers, num_heads, head_dim) or `TinyUNet` (arch="unet":
     unet_channels); world: the `ShapesWorldConfig` fields repeated here."""
 
-    arch: str = "sd3"  # "sd3" (diffusers SD3Transformer2DModel) or "unet" (TinyUNet)
+    arch: str = "unet"  # "unet" (TinyUNet) or "sd3" (diffusers SD3Transformer2DModel on pixels)
     unet_channels: int = 32
     resolution: int = 32
     patch_size: int = 4
@@ -50,12 +68,13 @@ class FeasibilityConfig:
     budget_s: float = 210.0
     eval_every_s: float = 30.0
     eval_samples_per_caption: int = 2
+    eval_max_captions: int = 80
     num_steps: int = 16
     shift: float = 1.0
     guidance: float = 1.0
     layout: str = "free"
     grid_cells: int = 4
-    max_count_pair: int = 2
+    max_count_pair: int = 1
     size_min: int = 7
     size_max: int = 9
     include_pairs: bool = True
@@ -225,8 +244,8 @@ def run(cfg: FeasibilityConfig) -> list[dict[str, float]]:
         if train_s >= next_eval or train_s >= cfg.budget_s or step == cfg.max_steps:
             t_eval = time.time()
             row = {"step": step, "train_s": round(train_s, 1), "loss": float(np.mean(losses[-50:]))}
-            row.update(evaluate(model, world, "held_out", cfg))
-            row.update(evaluate(model, world, "train", cfg, max_captions=40))
+            row.update(evaluate(model, world, "held_out", cfg, cfg.eval_max_captions))
+            row.update(evaluate(model, world, "train", cfg, max(1, cfg.eval_max_captions // 2)))
             row["eval_s"] = round(time.time() - t_eval, 1)
             row["wall_s"] = round(time.time() - t_start, 1)
             rows.append(row)

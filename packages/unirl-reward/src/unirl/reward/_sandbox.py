@@ -18,7 +18,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 
-def _child(conn: Connection, fn_path: str) -> None:
+def _child(conn: Connection, fn_path: str, preload: tuple[str, ...]) -> None:
+    for name in preload:  # heavy imports happen before "ready", outside any call's timeout
+        importlib.import_module(name)
     module, _, attr = fn_path.partition(":")
     fn = getattr(importlib.import_module(module), attr)
     conn.send_bytes(b'"ready"')
@@ -38,15 +40,20 @@ class IsolatedRunner:
     """Calls `fn_path` ("module:function", JSON-serialisable args/result) in one child process.
 
     `call(args, default)` returns the function's result, or `default` on timeout or error.
+    `preload` modules are imported by the child before it reports ready, so the per-call timeout
+    never has to cover import time (also after a timeout restarts the child).
     Thread-safe (calls are serialised). `startup_timeout_s` bounds the child's import time.
     """
 
-    def __init__(self, fn_path: str, timeout_s: float, startup_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, fn_path: str, timeout_s: float, startup_timeout_s: float = 60.0, preload: tuple[str, ...] = ()
+    ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.fn_path = fn_path
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
+        self.preload = preload
         self._ctx = mp.get_context("spawn")  # fork is unsafe in a threaded server
         self._proc: Any = None
         self._conn: Connection | None = None
@@ -55,7 +62,7 @@ class IsolatedRunner:
 
     def _start(self) -> Connection:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_child, args=(child, self.fn_path), daemon=True)
+        proc = self._ctx.Process(target=_child, args=(child, self.fn_path, self.preload), daemon=True)
         proc.start()
         child.close()
         if not parent.poll(self.startup_timeout_s):

@@ -45,7 +45,9 @@ class MathVerifyScorer:
     def __init__(self, timeout_s: float = 5.0, name: str = "math_verify", eager_start: bool = False) -> None:
         self.name = name
         self.version = f"1+math-verify{_dist_version('math-verify')}"
-        self._runner = IsolatedRunner("unirl.reward.rules.math:verify_answer", timeout_s=timeout_s)
+        self._runner = IsolatedRunner(
+            "unirl.reward.rules.math:verify_answer", timeout_s=timeout_s, preload=("math_verify", "sympy")
+        )
         if eager_start:  # pay the child's import time (sympy) now, not on the first request
             self._runner.call(["1", "1"], default=False)
 

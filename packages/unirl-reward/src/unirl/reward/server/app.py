@@ -9,10 +9,12 @@ check against each scorer's modality (422) -> dynamic batcher (429 + Retry-After
 # No `from __future__ import annotations`: FastAPI must resolve the Annotated[..., Depends(local)]
 # parameters of the closures below at runtime.
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -84,16 +86,23 @@ def create_app(
 ) -> FastAPI:
     """The app; `build_scorers` runs at startup (in a thread) and /ready answers 200 once it returns."""
     settings = settings or ServerSettings()
-    state: dict[str, Any] = {"scorers": None, "batcher": None}
+    state: dict[str, Any] = {"scorers": None, "batcher": None, "load_error": None}
     metrics = Metrics()
     cache = IdempotencyCache(ttl_s=settings.idempotency_ttl_s)
 
     def score_fn(items: Sequence[ScoreItem]) -> list[ScoreResult]:
         return combine(state["scorers"], items)
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        scorers = await run_in_threadpool(lambda: list(build_scorers()))
+    loaded = threading.Event()  # set once loading ends, ready or not (serve_in_thread waits on it)
+
+    async def load() -> None:
+        try:
+            scorers = await run_in_threadpool(lambda: list(build_scorers()))
+        except Exception as e:
+            log.exception("loading the scorers failed; the server stays not ready")
+            state["load_error"] = f"{type(e).__name__}: {e}"
+            loaded.set()
+            return
         state["scorers"], state["identity"] = scorers, identity(scorers)
         batcher = DynamicBatcher(
             score_fn,
@@ -104,14 +113,26 @@ def create_app(
         )
         batcher.start()
         state["batcher"] = batcher
+        loaded.set()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Scorers (model weights) load in the background: /health answers at once, /ready once loaded.
+        task = asyncio.get_running_loop().create_task(load())
         yield
-        await batcher.stop()
-        for ws in scorers:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if state["batcher"] is not None:
+            await state["batcher"].stop()
+        for ws in state["scorers"] or []:
             close = getattr(ws.scorer, "close", None)
             if callable(close):
                 close()
 
     app = FastAPI(title="unirl-reward", version=__version__, lifespan=lifespan)
+    app.state.loaded = loaded
+    app.state.load_state = state
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     bearer = HTTPBearer(auto_error=False, description="Required when the server is not bound to loopback.")
 
@@ -154,6 +175,8 @@ def create_app(
         return HealthResponse(status="ok")
 
     def _ready_batcher() -> DynamicBatcher:
+        if state["load_error"] is not None:
+            raise HTTPError(503, "scorers failed to load; see the server log")
         if state["batcher"] is None:
             raise HTTPError(503, "scorers are still loading; poll GET /ready", {"Retry-After": "1"})
         batcher: DynamicBatcher = state["batcher"]

@@ -30,9 +30,10 @@ class ServerHandle:
 
 
 def serve_in_thread(
-    app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 60.0
+    app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 60.0, wait_ready: bool = True
 ) -> ServerHandle:
-    """Start uvicorn on `host:port` (0 = a free port); returns once it listens and startup ran.
+    """Start uvicorn on `host:port` (0 = a free port); returns once it listens and, with
+    `wait_ready`, once the app's scorers have loaded (a load failure raises RuntimeError).
 
     Waits on an Event set by uvicorn's startup (bounded by `timeout_s`), never on sleeps.
     """
@@ -59,4 +60,15 @@ def serve_in_thread(
         server.should_exit = True
         thread.join(5)
         raise RuntimeError(f"reward server did not start on {host}:{port} within {timeout_s}s (see log)")
-    return ServerHandle(f"http://{host}:{bound[0]}", server, thread)
+    handle = ServerHandle(f"http://{host}:{bound[0]}", server, thread)
+    loaded = getattr(getattr(app, "state", None), "loaded", None)
+    if wait_ready and loaded is not None:
+        error = None
+        if not loaded.wait(timeout_s):
+            error = f"reward server scorers did not load within {timeout_s}s"
+        elif app.state.load_state["load_error"]:
+            error = f"reward server scorers failed to load: {app.state.load_state['load_error']}"
+        if error:
+            handle.stop()
+            raise RuntimeError(error)
+    return handle
