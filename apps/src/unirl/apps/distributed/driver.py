@@ -1,0 +1,234 @@
+"""`DistributedRL`: the shared trainer lifecycle as a single controller over Ray workers.
+
+The driver keeps what is cheap and global (data, reward, advantages, the run directory) and
+drives two Remotes: ``train`` (data-parallel FSDP2 ranks) and ``rollout`` (trainside pipeline
+copies). One RL step reads top to bottom::
+
+    prompts -> rollout (rollout workers) -> reward (driver) -> advantages (driver)
+            -> train_on (call_dp: each train rank gets its shard) -> weight sync -> log
+
+The lifecycle (evaluate, SFT, RL, checkpoints, report) is the single-process ``Trainer``'s; only
+the steps that touch the model are redirected to the workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from unirl.apps.distributed.layout import LayoutConfig, check_layout
+from unirl.apps.distributed.workers import RolloutWorker, TrainWorker
+from unirl.apps.loop import StopFlag, latest_checkpoint
+from unirl.apps.progress import PhaseProgress
+from unirl.apps.run_dir import RunDir
+from unirl.apps.trainers.base import Trainer
+from unirl.distributed import MeshShape, RayRemote, place, split_dp
+from unirl.distributed.errors import WeightSyncError
+from unirl.distributed.weightsync import drive_weight_sync
+from unirl.reward.service import RewardService
+from unirl.types import Part, Sample
+
+__all__ = ["DistributedRL", "RemoteEngine"]
+
+log = logging.getLogger("unirl")
+
+
+class RemoteEngine:
+    """The rollout Remote behind the engine interface the lifecycle calls (``generate``)."""
+
+    def __init__(self, driver: DistributedRL) -> None:
+        self.driver = driver
+
+    def generate(self, samples: list[Sample], *, rollout_step: int) -> list[Sample]:
+        d = self.driver
+        d.sync_weights()  # never sample with weights older than the trainer's
+        d.rollout_remote.call_all(RolloutWorker.set_step, rollout_step)
+        return d.rollout_remote.call_dp(RolloutWorker.generate, samples)
+
+
+class DistributedRL(Trainer):
+    """A domain trainer (``domain``: ARTrainer, DiffusionTrainer) laid out on Ray workers."""
+
+    def __init__(self, recipe: Any, run_dir: RunDir, domain: type[Trainer], layout: LayoutConfig) -> None:
+        check_layout(recipe, layout)
+        super().__init__(recipe, run_dir)
+        self.domain, self.layout, self.stage = domain, layout, domain.stage
+        self.data = recipe.data.build()
+        self.reward = RewardService.local(recipe.reward)
+        alg = recipe.rl.algorithm if recipe.rl else None
+        self.algorithm = alg.build() if alg is not None else None  # reward shaping only (driver side)
+        self.synced_version: int | None = None
+        self.sync_checks: list[dict[str, Any]] = []
+        """One entry per sync: version, ticket checksum, trainer/rollout weight checksums."""
+        self._scratch = tempfile.TemporaryDirectory(prefix="unirl-workers-")
+        self._start_workers()
+        self.engine = RemoteEngine(self)
+        self._eval_params = self.train.call_rank0(TrainWorker.eval_params)
+
+    # ---- workers --------------------------------------------------------------------------------
+    def _start_workers(self) -> None:
+        lay = self.layout
+        roles = {"train": lay.train_workers, "rollout": lay.rollout_workers}
+        plan, self.slabs = place(roles, lay.placement, device=lay.device, cpus_per_device=lay.cpus_per_device)
+        spawn = partial(RayRemote.spawn, call_timeout_s=lay.call_timeout_s, startup_timeout_s=lay.call_timeout_s)
+        threads = lay.threads_per_worker
+        self.train: RayRemote[TrainWorker] = spawn(
+            partial(TrainWorker, domain=self.domain, recipe=self.cfg, scratch=self._scratch.name, threads=threads),
+            name="train",
+            mesh=MeshShape(dp=lay.train_workers),
+            slab=self.slabs["train"],
+            share=plan.slab_of("train").share,
+        )
+        try:
+            self.rollout_remote: RayRemote[RolloutWorker] = spawn(
+                partial(RolloutWorker, stage=self.stage, recipe=self.cfg, threads=threads),
+                name="rollout",
+                mesh=MeshShape(dp=lay.rollout_workers),
+                slab=self.slabs["rollout"],
+                share=plan.slab_of("rollout").share,
+                process_group=False,
+            )
+            self._setup_sync()
+        except BaseException:
+            self.train.shutdown()
+            self._release_slabs()
+            raise
+
+    def _setup_sync(self) -> None:
+        kind = self.layout.sync
+        if kind == "broadcast":  # group: trainer rank 0 (group rank 0) + every rollout worker
+            addr, port = self.train.call_rank0(TrainWorker.master)
+            world = 1 + self.rollout_remote.world_size
+            fut = self.train.call_all_async(TrainWorker.setup_sync, kind, addr, port, world)
+            self.rollout_remote.call_all(RolloutWorker.setup_sync, kind, addr, port, world)
+            fut.result(self.layout.call_timeout_s)
+        else:
+            self.train.call_all(TrainWorker.setup_sync, kind)
+            self.rollout_remote.call_all(RolloutWorker.setup_sync, kind)
+
+    def _release_slabs(self) -> None:
+        for slab in {id(s): s for s in self.slabs.values()}.values():
+            slab.release()
+
+    def shutdown(self) -> None:
+        """Stop every worker and give the devices back."""
+        self.rollout_remote.shutdown()
+        self.train.shutdown()
+        self._release_slabs()
+        self._scratch.cleanup()
+
+    # ---- weight plane ---------------------------------------------------------------------------
+    def sync_weights(self) -> dict[str, float]:
+        """Trainer -> rollout workers, versioned by the optimizer step; a no-op when up to date."""
+        version = self.train.call_rank0(TrainWorker.global_step)
+        if self.synced_version is not None and version <= self.synced_version:
+            return {}
+        t0 = time.time()
+        ticket = drive_weight_sync(
+            self.train,
+            self.rollout_remote,
+            push=TrainWorker.push,
+            pull=RolloutWorker.pull,
+            confirm=TrainWorker.confirm,
+            version=version,
+            streaming=self.layout.sync == "broadcast",
+            timeout_s=self.layout.call_timeout_s,
+        )
+        check: dict[str, Any] = {"version": version, "ticket": ticket.checksum}
+        if self.layout.verify_weights:
+            want = self.train.call_all(TrainWorker.weights_checksum)[0]
+            got = self.rollout_remote.call_all(RolloutWorker.weights_checksum)
+            check |= {"trainer": want, "rollout": got}
+            if any(g != want for g in got):
+                raise WeightSyncError(
+                    f"weight sync v{version}: rollout weights {got} differ from the trainer's {want}"
+                )
+        self.sync_checks.append(check)
+        self.synced_version = version
+        return {"weight_version": float(version), "weight_sync_s": time.time() - t0}
+
+    def train_on(self, parts: list[Part]) -> dict[str, float]:
+        """Data-parallel train step: one contiguous shard per train rank; returns global metrics."""
+        shards = split_dp(parts, self.train.ranks[0].dp_size)
+        return self.train.call_dp(TrainWorker.train_on, shards)[0]
+
+    # ---- domain hooks: the domain's own, where they need no model ---------------------------------
+    def eval_params(self) -> Any:
+        return self._eval_params
+
+    def shape_rewards(self, parts: list[Part]) -> None:
+        self.domain.shape_rewards(self, parts)  # type: ignore[arg-type]  # uses only self.algorithm
+
+    def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path | None:
+        return self.domain.save_grid(self, samples, rewards, path)  # type: ignore[arg-type]  # uses self.stage
+
+    def rollout(self, samples: list[Sample], step: int) -> list[Sample]:
+        return self.engine.generate(samples, rollout_step=step)
+
+    # ---- phases -----------------------------------------------------------------------------------
+    def sft(self, stop: StopFlag) -> None:
+        phase = self.cfg.sft
+        if phase is None or phase.steps == 0:
+            return
+        self.train.call_all(TrainWorker.begin, "sft")
+        t0 = time.time()
+        with PhaseProgress("sft", phase.steps) as bar:
+            for step in range(phase.steps):
+                parts = self.train.call_rank0(TrainWorker.sft_parts, phase.batch_size, step)
+                m = self.train_on(parts)
+                self.run.log(step, m, phase="sft")
+                bar.advance(loss=m.get("loss", float("nan")))
+                if stop.stop:
+                    break
+        self._timed("sft", t0)
+        self.sync_weights()
+
+    def rl(self, stop: StopFlag) -> None:
+        phase = self.cfg.rl
+        if phase is None or phase.steps == 0 or self.rl_step >= phase.steps:
+            return
+        self.train.call_all(TrainWorker.begin, "rl")
+        train = self.data.train_records()
+        t0 = time.time()
+        with PhaseProgress("rl", phase.steps - self.rl_step) as bar:
+            while self.rl_step < phase.steps and not stop.stop:
+                step = self.rl_step
+                samples, extra = self.collect(phase, train, step)  # rollout, reward, advantages
+                m = self.train_on([s.part(self.stage) for s in samples])
+                m |= self.sync_weights()
+                rewards = [s.part(self.stage).reward.total for s in samples]
+                m |= {"reward_mean": float(np.mean(rewards)), "reward_std": float(np.std(rewards)), **extra}
+                self.run.log(step, m, phase="rl")
+                bar.advance(reward=m["reward_mean"], loss=m.get("loss", float("nan")))
+                self.rl_step += 1
+                if self.cfg.eval.every and self.rl_step % self.cfg.eval.every == 0 and self.rl_step < phase.steps:
+                    self.evaluate(f"rl@{self.rl_step}", step=self.rl_step)
+                if self.cfg.checkpoint_every and self.rl_step % self.cfg.checkpoint_every == 0:
+                    self.save()
+        self._timed("rl", t0)
+
+    def run_all(self, mode: str, stop: StopFlag) -> None:
+        """The shared lifecycle; the workers are stopped at the end (also on failure)."""
+        try:
+            super().run_all(mode, stop)
+        finally:
+            self.shutdown()
+
+    # ---- checkpoints (every train rank takes part) --------------------------------------------------
+    def save(self) -> None:
+        self.train.call_all(TrainWorker.save, str(self.run.checkpoints / "latest"), {"rl_step": self.rl_step})
+
+    def resume(self) -> bool:
+        ckpt = latest_checkpoint(self.run.root)
+        if ckpt is None:
+            return False
+        extra = self.train.call_all(TrainWorker.load, str(ckpt))[0]
+        self.rl_step = int(extra.get("rl_step", 0))
+        log.info("resumed from %s at rl step %d", ckpt, self.rl_step)
+        return True

@@ -1,0 +1,93 @@
+"""How a run is laid out: one process (``single``) or a single controller driving Ray workers (``ray``).
+
+A recipe switches layout by config only::
+
+    layout: {kind: ray, placement: colocate, train_workers: 2, rollout_workers: 1, sync: buckets}
+
+``train_workers`` data-parallel FSDP2 ranks (gloo on CPU, NCCL on GPU) train; ``rollout_workers``
+hold a trainside copy of the pipeline and receive the trained weights through the weight plane.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["LayoutConfig", "check_layout"]
+
+
+class LayoutConfig(BaseModel):
+    """Process layout of a run; the default (``single``) runs everything in the calling process."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["single", "ray"] = "single"
+    placement: Literal["colocate", "separate"] = Field(
+        default="colocate",
+        description="colocate: trainer and rollout workers share one device slab (each takes a share of "
+        "every device); separate: each role gets its own devices. No effect with kind=single.",
+    )
+    train_workers: int = Field(default=1, ge=1, description="data-parallel train ranks (FSDP2 world size)")
+    rollout_workers: int = Field(default=1, ge=1, description="rollout workers (samples are split over them)")
+    sync: Literal["broadcast", "buckets", "shm"] = Field(
+        default="buckets",
+        description="weight plane: collective broadcast (gloo/NCCL group trainer rank 0 + rollout workers), "
+        "safetensors buckets through the Ray object store, or CPU shared memory (one node)",
+    )
+    device: Literal["cpu", "gpu"] = Field(default="cpu", description="what one slab 'device' is")
+    cpus_per_device: float = Field(
+        default=1.0, gt=0, description="Ray CPUs per device bundle (fractional on a shared laptop)"
+    )
+    threads_per_worker: int = Field(default=1, ge=1, description="torch CPU threads in each worker")
+    verify_weights: bool = Field(
+        default=True,
+        description="after every sync also compare a checksum of the rollout worker's live weights with "
+        "the trainer's (on top of the per-bucket checksums the weight plane always checks)",
+    )
+    ray_address: str | None = Field(
+        default=None, description="connect to this Ray cluster; None: join the running one or start a local one"
+    )
+    call_timeout_s: float = Field(default=600.0, gt=0, description="deadline of one worker call")
+
+    @model_validator(mode="after")
+    def _sizes(self) -> LayoutConfig:
+        if self.kind == "ray" and self.sync == "broadcast" and self.placement == "colocate" and self.device == "gpu":
+            # NCCL cannot broadcast between two processes bound to the same GPU
+            raise ValueError(
+                "layout.sync='broadcast' with placement='colocate' on GPU puts sender and receiver on "
+                "one device (NCCL refuses); use sync='buckets' or placement='separate'"
+            )
+        return self
+
+
+def check_layout(recipe: Any, layout: LayoutConfig) -> None:
+    """Raise ValueError when the recipe's batches cannot be split over ``layout.train_workers``.
+
+    The RL geometry is per rank (``rl.geometry`` sizes count Parts on one rank), so each rank's
+    shard ``prompts_per_step * samples_per_prompt / train_workers`` must be a valid shard.
+    """
+    n = layout.train_workers
+    rl = getattr(recipe, "rl", None)
+    if rl is not None and rl.steps:
+        total = rl.prompts_per_step * rl.samples_per_prompt
+        if total % n:
+            raise ValueError(
+                f"layout.train_workers={n} does not divide the RL batch (rl.prompts_per_step * "
+                f"rl.samples_per_prompt = {total}); pick a divisor or change the batch"
+            )
+        try:
+            rl.geometry.check_shard(total // n)
+        except ValueError as e:
+            raise ValueError(f"rl.geometry with layout.train_workers={n} (per-rank shard {total // n}): {e}") from None
+    sft = getattr(recipe, "sft", None)
+    if sft is not None and sft.steps and sft.batch_size % n:
+        raise ValueError(
+            f"layout.train_workers={n} does not divide sft.batch_size={sft.batch_size}; pick a divisor"
+        )
+    lora = getattr(getattr(recipe, "backend", None), "lora", None)
+    if layout.kind == "ray" and lora is not None:
+        raise ValueError(
+            "layout.kind='ray' does not ship LoRA adapters to the rollout copy yet; set backend.lora=null "
+            "or layout.kind='single'"
+        )

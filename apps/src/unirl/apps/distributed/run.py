@@ -1,0 +1,48 @@
+"""Entry point: run a recipe in the layout its ``layout:`` section selects (config only)."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from unirl.apps.distributed.layout import LayoutConfig
+from unirl.apps.trainers.base import Trainer, run_trainer
+
+__all__ = ["domain_trainer", "ensure_ray", "run"]
+
+
+def domain_trainer(recipe: Any) -> type[Trainer]:
+    """The single-process trainer class of ``recipe.trainer``."""
+    if recipe.trainer == "ar":
+        from unirl.apps.trainers.ar import ARTrainer
+
+        return ARTrainer
+    if recipe.trainer == "diffusion":
+        from unirl.apps.trainers.diffusion import DiffusionTrainer
+
+        return DiffusionTrainer
+    raise ValueError(f"recipe trainer={recipe.trainer!r} has no layout support (known: 'ar', 'diffusion')")
+
+
+def ensure_ray(layout: LayoutConfig) -> None:
+    """Join ``layout.ray_address``, the running Ray instance, or start a local one."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=layout.ray_address, include_dashboard=False)
+
+
+def run(recipe: Any, run_dir: Path, *, mode: str = "train", recipe_name: str = "") -> int:
+    """Run ``recipe`` single-process (``layout.kind: single``, the default) or on Ray workers."""
+    from unirl.apps.distributed.driver import DistributedRL
+
+    domain = domain_trainer(recipe)
+    layout: LayoutConfig = getattr(recipe, "layout", None) or LayoutConfig()
+    title = f"unirl {recipe.trainer} run: {recipe_name}"
+    if layout.kind == "single":
+        return run_trainer(domain, recipe, run_dir, mode=mode, recipe_name=recipe_name, title=title)
+    ensure_ray(layout)
+    cls: Any = partial(DistributedRL, domain=domain, layout=layout)
+    return run_trainer(cls, recipe, run_dir, mode=mode, recipe_name=recipe_name, title=title + f" ({layout.placement}, "
+                       f"{layout.train_workers} train + {layout.rollout_workers} rollout workers)")

@@ -1,0 +1,258 @@
+"""The two worker roles of the Ray layout, both built from the same Recipe as the single-process run.
+
+- :class:`TrainWorker`: one data-parallel rank. It builds the domain trainer (``ARTrainer`` /
+  ``DiffusionTrainer``) inside the Remote's torch.distributed group, so its FSDP2 backend spans
+  every train rank; it trains the shard the driver scatters to it and sends weights (rank 0 is
+  the weight-plane source; the other ranks take part in the DTensor gathers).
+- :class:`RolloutWorker`: a trainside copy of the domain pipeline (bundle + pipeline + engine, no
+  optimizer) that samples and receives the trained weights through the weight plane.
+
+Worker methods are plain methods: the driver calls them through ``Remote.call_*``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from unirl.apps.run_dir import RunDir
+from unirl.apps.trainers.base import pick_device, set_base_lr
+from unirl.distributed.codec import Checksum
+from unirl.distributed.errors import WeightSyncError
+from unirl.distributed.rank import RankInfo
+from unirl.distributed.weightsync import SyncAck, SyncTicket, WeightSync
+from unirl.distributed.weightsync.protocol import full_tensor
+from unirl.train.checkpoint import load_checkpoint, save_checkpoint
+from unirl.train.geometry import BatchGeometry
+from unirl.train.stack import TrainStack
+from unirl.types import Part, Sample
+
+__all__ = ["RolloutWorker", "TrainWorker", "build_rollout", "make_weight_sync", "weights_checksum"]
+
+
+def weights_checksum(module: torch.nn.Module) -> str:
+    """BLAKE2b over (name, full tensor) of every parameter; a collective for FSDP2 DTensors."""
+    c = Checksum()
+    for name, p in module.named_parameters():
+        c.update(name, full_tensor(p.detach()).cpu())
+    return c.hexdigest()
+
+
+def make_weight_sync(kind: str, *, name: str, is_source: bool, group: Any = None) -> WeightSync:
+    """The weight-plane endpoint for ``layout.sync``; ``group`` only for ``broadcast``."""
+    from unirl.distributed.weightsync import (
+        BroadcastWeightSync,
+        RayBlobStore,
+        SharedMemoryWeightSync,
+        TensorBucketSync,
+    )
+
+    if kind == "buckets":
+        return TensorBucketSync(RayBlobStore(), is_source=is_source, name=name)
+    if kind == "shm":
+        return SharedMemoryWeightSync(is_source=is_source, name=name)
+    if kind == "broadcast":
+        return BroadcastWeightSync(group, name=name)
+    raise ValueError(f"layout.sync={kind!r} is not one of 'broadcast', 'buckets', 'shm'")
+
+
+def _join_group(addr: str, port: int, rank: int, world: int) -> Any:
+    from unirl.distributed.collective import StandaloneGroup
+
+    return StandaloneGroup("gloo", addr, port, rank, world, timeout_s=300)
+
+
+class TrainWorker:
+    """One data-parallel train rank: the domain trainer's backend, pipeline and algorithm."""
+
+    def __init__(self, info: RankInfo, *, domain: type, recipe: Any, scratch: str, threads: int) -> None:
+        self.info = info
+        # the domain trainer builds bundle, backend (FSDP2 over this Remote's group), algorithm;
+        # its RunDir is a scratch dir: the driver owns the real run directory
+        self.trainer = domain(recipe, RunDir(Path(scratch) / f"train{info.rank}", tensorboard=False))
+        torch.set_num_threads(threads)
+        self.stack: TrainStack | None = None
+        self.sync: WeightSync | None = None
+
+    @property
+    def backend(self) -> Any:
+        return self.trainer.backend
+
+    # -- domain pieces the driver needs -----------------------------------------------------------
+    def eval_params(self) -> Any:
+        """Sampling params of held-out evaluation."""
+        return self.trainer.eval_params()
+
+    def sft_parts(self, batch_size: int, step: int) -> list[Part]:
+        """The supervised Parts of SFT step ``step`` (called on rank 0; the driver scatters them)."""
+        return list(self.trainer.sft_parts(batch_size, step))
+
+    def global_step(self) -> int:
+        """Optimizer steps applied so far (the weight version)."""
+        return int(self.backend.global_step)
+
+    # -- training -----------------------------------------------------------------------------
+    def begin(self, phase: str) -> None:
+        """Set up the TrainStack of ``phase`` ('sft' or 'rl'), as the single-process trainer does."""
+        cfg = self.trainer.cfg
+        p = getattr(cfg, phase)
+        if p.lr is not None:
+            set_base_lr(self.backend, p.lr)
+        if phase == "sft":
+            per_rank = p.batch_size // self.info.dp_size
+            geometry = BatchGeometry(micro_batch_size=min(p.micro_batch_size or p.batch_size, per_rank))
+            self.stack = TrainStack(self.backend, p.algorithm.build(), self.trainer.pipeline, geometry)
+        elif phase == "rl":
+            self.stack = TrainStack(self.backend, self.trainer.algorithm, self.trainer.pipeline, p.geometry)
+        else:
+            raise ValueError(f"phase={phase!r} is not one of 'sft', 'rl'")
+
+    def train_on(self, shards: list[list[Part]]) -> list[dict[str, float]]:
+        """Train on this rank's shard (DP dispatch of one shard per dp rank: ``shards`` holds
+        exactly this rank's); losses use rank-summed totals, so metrics are global."""
+        if self.stack is None:
+            raise RuntimeError("TrainWorker.train_on before begin(phase)")
+        if len(shards) != 1:
+            raise ValueError(f"train{self.info.rank}: expected one shard, got {len(shards)}")
+        return [self.stack.train_on(shards[0])]
+
+    # -- weight plane (source side) -------------------------------------------------------------
+    def master(self) -> tuple[str, int]:
+        from unirl.distributed.collective import pick_master
+
+        return pick_master()
+
+    def setup_sync(self, kind: str, addr: str = "", port: int = 0, world: int = 0) -> None:
+        """Create this rank's weight-sync endpoint (rank 0 joins the broadcast group as its rank 0)."""
+        source = self.info.rank == 0
+        group = _join_group(addr, port, 0, world) if kind == "broadcast" and source else None
+        self.sync = make_weight_sync(kind, name=f"train{self.info.rank}", is_source=source, group=group)
+
+    def push(self, version: int) -> SyncTicket:
+        """Send the policy weights as ``version`` (EMA weights when the rollout samples with the EMA)."""
+        if self.sync is None:
+            raise RuntimeError("TrainWorker.push before setup_sync")
+        if self.trainer.ema_rollout:
+            with self.backend.ema_weights():
+                return self.sync.send(list(self.backend.module.named_parameters()), version)
+        return self.sync.send(list(self.backend.module.named_parameters()), version)
+
+    def confirm(self, ticket: SyncTicket, acks: list[SyncAck], n: int) -> None:
+        if self.sync is None:
+            raise RuntimeError("TrainWorker.confirm before setup_sync")
+        self.sync.confirm(ticket, acks, n)
+
+    def weights_checksum(self) -> str:
+        """Checksum of the policy the rollout should now hold (collective: call on every rank)."""
+        if self.trainer.ema_rollout:
+            with self.backend.ema_weights():
+                return weights_checksum(self.backend.module)
+        return weights_checksum(self.backend.module)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full CPU weights on rank 0, {} elsewhere (collective)."""
+        return dict(self.backend.full_state_dict())
+
+    # -- checkpoints (collective) ---------------------------------------------------------------
+    def save(self, path: str, extra: dict[str, Any]) -> str:
+        return str(save_checkpoint(path, self.backend, extra=extra))
+
+    def load(self, path: str) -> dict[str, Any]:
+        return dict(load_checkpoint(path, self.backend))
+
+
+def build_rollout(recipe: Any, stage: str, device: torch.device) -> tuple[Any, Any, torch.nn.Module]:
+    """(bundle, pipeline, trainable module) of the recipe's domain, built as its trainer builds them."""
+    if recipe.trainer == "ar":
+        from unirl.rollout.ar import ARPipeline
+
+        bundle = recipe.model.model_copy(update={"device": str(device)}).build()
+        pipe = ARPipeline(bundle, recipe.sampling, stage=stage, prompt_template=recipe.prompt_template)
+        return bundle, pipe, bundle.model
+    if recipe.trainer == "diffusion":
+        from unirl.rollout.pipelines import FlowMatchPipeline
+
+        bundle = recipe.model.build(device, recipe.seed)
+        alg = recipe.rl.algorithm if recipe.rl else None
+        overrides = getattr(alg, "sampling_overrides", None)
+        params = recipe.sampling.model_copy(update=overrides()) if callable(overrides) else recipe.sampling
+        pipe = FlowMatchPipeline(
+            bundle,
+            stage=stage,
+            default_params=params,
+            record_old_means=alg is not None and alg.kind == "flow_dppo",
+        )
+        return bundle, pipe, bundle.transformer
+    raise ValueError(f"recipe trainer={recipe.trainer!r} has no rollout worker (known: 'ar', 'diffusion')")
+
+
+class RolloutWorker:
+    """A trainside pipeline copy that samples and receives weights through the weight plane."""
+
+    def __init__(self, info: RankInfo, *, stage: str, recipe: Any, threads: int) -> None:
+        from unirl.rollout.engines import TrainsideEngine
+
+        self.info = info
+        torch.set_num_threads(threads)
+        torch.manual_seed(recipe.seed + 1_000 * (info.rank + 1))
+        self.bundle, self.pipeline, self.module = build_rollout(recipe, stage, pick_device(recipe.device))
+        self.module.requires_grad_(False)
+        self.engine = TrainsideEngine(self.pipeline, weight_version=0)
+        self.params = dict(self.module.named_parameters())
+        self.sync: WeightSync | None = None
+        self.rollout_step = 0
+
+    def set_step(self, step: int) -> None:
+        """The rollout step the next ``generate`` stamps (seeds step-dependent SDE windows)."""
+        self.rollout_step = step
+
+    def generate(self, samples: list[Sample]) -> list[Sample]:
+        """Sample this worker's share; Parts carry the weight version last received."""
+        return self.engine.generate(samples, rollout_step=self.rollout_step)
+
+    def weight_version(self) -> int:
+        return int(self.engine.weight_version)
+
+    def setup_sync(self, kind: str, addr: str = "", port: int = 0, world: int = 0) -> None:
+        group = _join_group(addr, port, 1 + self.info.rank, world) if kind == "broadcast" else None
+        self.sync = make_weight_sync(kind, name=f"rollout{self.info.rank}", is_source=False, group=group)
+
+    def _sink(self, got: set[str]) -> Any:
+        def load(bucket: dict[str, torch.Tensor]) -> None:
+            for name, t in bucket.items():
+                p = self.params.get(name)
+                if p is None:
+                    raise WeightSyncError(f"rollout{self.info.rank}: trainer sent unknown parameter {name!r}")
+                if p.shape != t.shape:
+                    raise WeightSyncError(
+                        f"rollout{self.info.rank}: {name!r} arrived with shape {tuple(t.shape)}, "
+                        f"the rollout copy has {tuple(p.shape)}"
+                    )
+                with torch.no_grad():
+                    p.copy_(t)
+                got.add(name)
+
+        return load
+
+    def pull(self, ticket: SyncTicket | None) -> SyncAck:
+        """Receive, verify and load one weight version; every parameter must arrive."""
+        if self.sync is None:
+            raise RuntimeError("RolloutWorker.pull before setup_sync")
+        got: set[str] = set()
+        ack = self.sync.receive(ticket, self._sink(got))
+        missing = set(self.params) - got
+        if missing:
+            raise WeightSyncError(
+                f"rollout{self.info.rank}: weight v{ack.version} lacks {len(missing)} parameters, e.g. "
+                f"{sorted(missing)[:3]}"
+            )
+        self.engine.set_weight_version(ack.version)
+        return ack
+
+    def weights_checksum(self) -> str:
+        return weights_checksum(self.module)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.params.items()}
