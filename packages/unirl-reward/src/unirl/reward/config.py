@@ -97,12 +97,42 @@ class PluginConfig(BaseModel):
         return scorer
 
 
+class ShapesConfig(BaseModel):
+    """The shapes-world GenEval-style checker (count, colour, shape, relative position) on pixels."""
+
+    model_config = _STRICT
+    kind: Literal["shapes"] = "shapes"
+    reward: Literal["score", "correct"] = Field(
+        "score", description="score: fraction of checks passed (dense, for RL); correct: 1 only if all pass"
+    )
+    check_shape: bool = True
+
+    def build(self) -> Scorer:
+        from unirl.reward.worlds.scorer import ShapesScorer
+
+        return ShapesScorer(reward=self.reward, check_shape=self.check_shape)
+
+
+class ArithmeticConfig(BaseModel):
+    """Exact integer match of the response's answer against the reference (the arithmetic world)."""
+
+    model_config = _STRICT
+    kind: Literal["arithmetic"] = "arithmetic"
+
+    def build(self) -> Scorer:
+        from unirl.reward.worlds.scorer import ArithmeticScorer
+
+        return ArithmeticScorer()
+
+
 ScorerConfig = Annotated[
     JpegConfig
     | ExactMatchConfig
     | MathVerifyConfig
     | MultipleChoiceConfig
     | FormatConfig
+    | ShapesConfig
+    | ArithmeticConfig
     | PluginConfig
     | MODEL_CONFIGS,
     Field(discriminator="kind"),
