@@ -148,5 +148,5 @@ def typecheck(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """CPU benchmarks: each prints ratios against a baseline measured in the same run."""
     install_members(session, PACKAGES["apps"])
-    for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+    for script in sorted(ROOT.glob("packages/*/benchmarks/bench_*.py")):
         session.run("python", str(script), *session.posargs)

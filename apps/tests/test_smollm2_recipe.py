@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from transformers import LlamaForCausalLM
 
 from unirl.apps.loop import StopFlag
 from unirl.apps.run_dir import RunDir
@@ -47,7 +48,7 @@ def test_packaged_smollm2_replay_and_one_rl_step(tmp_path: Path) -> None:
     torch.manual_seed(0)
     trainer = ARTrainer(tiny_recipe(), RunDir(tmp_path / "run", {}, tensorboard=False))
     bundle = trainer.bundle
-    assert type(bundle.model).__name__ == "LlamaForCausalLM"
+    assert isinstance(bundle.model, LlamaForCausalLM)  # (the backend wraps it in place: FSDP2 subclass)
     assert sum(p.numel() for p in bundle.model.parameters()) == pytest.approx(134.5e6, rel=0.01)
     rendered = bundle.render_prompt("What is 2+3?")
     assert rendered.startswith("<|im_start|>system\n") and rendered.endswith("<|im_start|>assistant\n")

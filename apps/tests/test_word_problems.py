@@ -10,8 +10,8 @@ import pytest
 from unirl.apps.trainers.ar_config import Recipe
 from unirl.apps.worlds.word_problems import KINDS, WordProblemsConfig, WordProblemsWorld, make_problem
 from unirl.apps.worlds.word_problems_source import WordProblemsDataConfig
-from unirl.reward.rules.exact import ExactMatchScorer
 from unirl.reward.protocol import ScoreItem
+from unirl.reward.rules.exact import ExactMatchScorer
 
 
 def _recompute(kind: str, text: str) -> int:

@@ -41,16 +41,21 @@ class SD3ModelConfig(BaseModel):
 
 
 class TinyShapesModelConfig(BaseModel):
-    """The small pixel-space text-to-image model trained from scratch on the shapes world:
-    a tiny SD3Transformer2DModel on 3-channel pixels and a small frozen word-level text encoder."""
+    """The small pixel-space text-to-image model trained from scratch on the shapes world: a tiny
+    U-Net (or a tiny SD3Transformer2DModel on pixels) with a frozen word-level text encoder.
+
+    The U-Net is the default: on a 2-core CPU budget the pixel SD3 transformer had not formed
+    coherent objects after ~2k steps, the U-Net had after ~300 (apps/worlds/feasibility.py)."""
 
     model_config = _STRICT
     kind: Literal["tiny_shapes"] = "tiny_shapes"
-    resolution: int = Field(default=32, ge=8)
-    patch_size: int = Field(default=4, ge=1)
-    num_layers: int = Field(default=4, ge=1)
-    num_heads: int = Field(default=4, ge=1)
-    head_dim: int = Field(default=16, ge=4)
+    arch: Literal["unet", "sd3"] = "unet"
+    resolution: int = Field(default=32, ge=8, description="must equal data.resolution")
+    unet_channels: int = Field(default=32, ge=4, description="arch=unet only")
+    patch_size: int = Field(default=4, ge=1, description="arch=sd3 only")
+    num_layers: int = Field(default=4, ge=1, description="arch=sd3 only")
+    num_heads: int = Field(default=4, ge=1, description="arch=sd3 only")
+    head_dim: int = Field(default=16, ge=4, description="arch=sd3 only")
     text_dim: int = Field(default=64, ge=8)
     text_layers: int = Field(default=2, ge=1)
 

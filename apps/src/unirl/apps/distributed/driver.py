@@ -151,7 +151,10 @@ class DistributedRL(Trainer):
                 )
         self.sync_checks.append(check)
         self.synced_version = version
-        return {"weight_version": float(version), "weight_sync_s": time.time() - t0}
+        out = {"weight_version": float(version), "weight_sync_s": time.time() - t0}
+        if self.layout.verify_weights:
+            out["weights_verified"] = 1.0  # reached only when every rollout checksum matched
+        return out
 
     def train_on(self, parts: list[Part]) -> dict[str, float]:
         """Data-parallel train step: one contiguous shard per train rank; returns global metrics."""

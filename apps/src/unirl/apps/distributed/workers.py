@@ -255,4 +255,5 @@ class RolloutWorker:
         return weights_checksum(self.module)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.params.items()}
+        """The rollout copy's module state (tied weights under every name), cloned."""
+        return {k: v.detach().clone() for k, v in self.module.state_dict().items()}

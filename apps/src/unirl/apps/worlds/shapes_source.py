@@ -23,9 +23,13 @@ class ShapesDataConfig(BaseModel):
     held_out_fraction: float = Field(default=0.2, gt=0, lt=1)
     split_seed: int = Field(default=0, ge=0)
     max_count_single: int = Field(default=3, ge=1, le=3)
-    max_count_pair: int = Field(default=2, ge=1, le=2)
+    max_count_pair: int = Field(default=1, ge=1, le=2, description="objects per group in relation captions")
     layout: Literal["free", "grid"] = "free"
     grid_cells: int = Field(default=4, ge=2)
+    include_single: bool = True
+    include_pairs: bool = True
+    shapes: tuple[Literal["circle", "square"], ...] = ("circle", "square")
+    relations: tuple[Literal["left of", "right of", "above", "below"], ...] = ("left of", "right of", "above", "below")
 
     def build(self) -> ShapesSource:
         return ShapesSource(ShapesWorld(ShapesWorldConfig(**self.model_dump(exclude={"kind"}))))

@@ -69,4 +69,6 @@ class WordProblemsSource:
 
     def sft_pairs(self, n: int, *, seed: int, step: int) -> list[tuple[str, str]]:
         """``n`` (prompt, worked solution) training pairs, seeded by ``(seed, step)``."""
-        return [(p.prompt, p.solution) for p in self.world.sample(n, seed=seed * 1_000_003 + step, split="train")]
+        return [
+            (p.prompt, p.solution) for p in self.world.sample(n, seed=seed * 1_000_003 + step, split="train")
+        ]

@@ -48,7 +48,9 @@ def packaged_model(name: str) -> tuple[Path, str]:
     found = importlib.util.find_spec(spec.module)
     locations = list(found.submodule_search_locations or []) if found is not None else []
     if not locations:
-        raise ModuleNotFoundError(f"packaged model 'pkg:{name}' needs package {spec.module!r}: {spec.install}")
+        raise ModuleNotFoundError(
+            f"packaged model 'pkg:{name}' needs package {spec.module!r}: {spec.install}"
+        )
     directory = Path(locations[0])
     if not (directory / spec.gguf_file).is_file():
         raise FileNotFoundError(

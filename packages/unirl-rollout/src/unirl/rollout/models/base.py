@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from unirl.rollout.schedules import DynamicShiftSchedule
 from unirl.types import Conditions, to_torch
 
-__all__ = ["NEGATIVE_PREFIX", "FlowBundle", "freeze", "stack_conditions", "to_uint8_images"]
+__all__ = ["NEGATIVE_PREFIX", "FlowBundle", "freeze", "from_uint8_images", "stack_conditions", "to_uint8_images"]
 
 NEGATIVE_PREFIX = "negative_"
 """Conditions of the CFG negative prompt are stored next to the positive ones under this prefix."""
@@ -95,6 +95,11 @@ def freeze(*modules: nn.Module | None) -> None:
         if m is not None:
             m.eval()
             m.requires_grad_(False)
+
+
+def from_uint8_images(images_BHWC: Tensor) -> Tensor:
+    """uint8 [B, H, W, 3] -> [B, 3, H, W] float in [-1, 1] (the inverse of ``to_uint8_images``)."""
+    return images_BHWC.permute(0, 3, 1, 2).float() / 127.5 - 1.0
 
 
 def to_uint8_images(images: Tensor) -> Tensor:

@@ -17,7 +17,7 @@ from diffusers import (
 from torch import Tensor, nn
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-from unirl.rollout.models.base import freeze, to_uint8_images
+from unirl.rollout.models.base import freeze, from_uint8_images, to_uint8_images
 from unirl.rollout.models.tokenizers import tiny_word_tokenizer
 from unirl.rollout.schedules import DynamicShiftSchedule
 from unirl.types import Conditions
@@ -201,6 +201,13 @@ class SD3Bundle:
         )[0]
 
     @torch.no_grad()
+    def encode_images(self, images_BHWC: Tensor) -> Tensor:
+        """uint8 [B, H, W, 3] -> scaled VAE latents (the posterior mean), as SD3 training uses them."""
+        cfg = self.vae.config
+        x = from_uint8_images(images_BHWC).to(self.device, self.vae.dtype)
+        z = self.vae.encode(x).latent_dist.mode()
+        return (z - cfg.shift_factor) * cfg.scaling_factor
+
     def decode(self, latents: Tensor) -> Tensor:
         cfg = self.vae.config
         z = latents.to(self.vae.dtype) / cfg.scaling_factor + cfg.shift_factor

@@ -19,7 +19,7 @@ import torch
 from diffusers import SD3Transformer2DModel
 from torch import Tensor, nn
 
-from unirl.rollout.models.base import freeze, to_uint8_images
+from unirl.rollout.models.base import freeze, from_uint8_images, to_uint8_images
 from unirl.rollout.models.tiny.text_encoder import TinyTextEncoder, WordTokenizer
 from unirl.rollout.models.tiny.unet import TinyUNet
 from unirl.rollout.schedules import DynamicShiftSchedule
@@ -194,6 +194,10 @@ class PixelFlowBundle:
         )[0]
 
     @torch.no_grad()
+    def encode_images(self, images_BHWC: Tensor) -> Tensor:
+        """Identity 'VAE': uint8 [B, H, W, 3] -> latents (pixels in [-1, 1], [B, 3, H, W]) for SFT."""
+        return from_uint8_images(images_BHWC).to(self.device)
+
     def decode(self, latents: Tensor) -> Tensor:
         """Identity 'VAE': pixels in [-1, 1] -> uint8 [B, H, W, 3]."""
         return to_uint8_images(latents)

@@ -1,0 +1,54 @@
+"""LayoutConfig: selection by config, and batch/geometry checks that fail before any worker starts."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from unirl.apps.config import load_dict, validate
+from unirl.apps.distributed import LayoutConfig, check_layout
+from unirl.apps.distributed.recipes import ARLayoutRecipe
+
+EXACT = {"scorers": [{"name": "exact", "weight": 1.0, "scorer": {"kind": "exact_match", "extractor": "raw"}}]}
+
+
+def recipe(*overrides: str) -> ARLayoutRecipe:
+    data = load_dict("arithmetic_grpo", list(overrides))
+    data["reward"] = EXACT
+    return validate(ARLayoutRecipe, data)
+
+
+def test_default_layout_is_single_process() -> None:
+    assert recipe().layout == LayoutConfig(kind="single")
+
+
+def test_layout_is_selected_by_overrides() -> None:
+    lay = recipe("layout.kind=ray", "layout.placement=separate", "layout.train_workers=2", "layout.sync=shm").layout
+    assert (lay.kind, lay.placement, lay.train_workers, lay.rollout_workers, lay.sync) == (
+        "ray", "separate", 2, 1, "shm"
+    )  # fmt: skip
+
+
+def test_unknown_layout_fields_and_values_fail_at_load() -> None:
+    with pytest.raises(ValueError, match="layout.placement"):
+        recipe("layout.placement=spread")
+    with pytest.raises(ValueError, match="layout.trainers"):
+        recipe("layout.trainers=2")
+    with pytest.raises(ValidationError, match="colocate"):
+        LayoutConfig(kind="ray", device="gpu", placement="colocate", sync="broadcast")
+
+
+def test_batch_must_split_over_train_workers() -> None:
+    # shipped recipe: 16 prompts x 8 samples = 128 Parts, micro_batch_size 128 (per rank)
+    r = recipe()
+    check_layout(r, LayoutConfig(kind="ray", train_workers=1))
+    with pytest.raises(ValueError, match=r"train_workers=3 does not divide the RL batch .* = 128"):
+        check_layout(r, LayoutConfig(kind="ray", train_workers=3))
+    # 128 / 2 = 64 Parts per rank < micro_batch_size 128: the per-rank geometry is wrong
+    with pytest.raises(ValueError, match=r"per-rank shard 64\).*micro_batch_size=128"):
+        check_layout(r, LayoutConfig(kind="ray", train_workers=2))
+    check_layout(recipe("rl.geometry.micro_batch_size=64"), LayoutConfig(kind="ray", train_workers=2))
+    with pytest.raises(ValueError, match="does not divide sft.batch_size=127"):
+        check_layout(
+            recipe("sft.batch_size=127", "rl.geometry.micro_batch_size=64"), LayoutConfig(train_workers=2)
+        )

@@ -1,0 +1,133 @@
+"""The tiny arithmetic GRPO recipe on Ray, `colocate` and `separate`, selected by config only.
+
+Two train workers (FSDP2 over gloo) and one rollout worker (trainside pipeline copy). After every
+sync the rollout worker's live weights must equal the trainer's (checksums compared by the
+driver, and here bit-exactly at the end), the weight version must follow the optimizer step, and
+the Parts of each step must carry the version of the weights that sampled them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from unirl.apps.config import load_dict, validate
+from unirl.apps.distributed.driver import DistributedRL
+from unirl.apps.distributed.recipes import ARLayoutRecipe
+from unirl.apps.distributed.run import run
+from unirl.apps.distributed.workers import RolloutWorker, TrainWorker
+from unirl.apps.loop import StopFlag
+from unirl.apps.run_dir import RunDir
+from unirl.apps.trainers.ar import ARTrainer
+
+pytestmark = pytest.mark.slow
+
+EXACT = {"scorers": [{"name": "exact", "weight": 1.0, "scorer": {"kind": "exact_match", "extractor": "raw"}}]}
+TINY = [
+    "device=cpu",
+    "threads=1",
+    "model.tiny.hidden_size=32",
+    "model.tiny.num_layers=1",
+    "model.tiny.intermediate_size=64",
+    "sft.steps=2",
+    "sft.batch_size=8",
+    "rl.steps=2",
+    "rl.prompts_per_step=2",
+    "rl.samples_per_prompt=4",
+    "rl.geometry.micro_batch_size=2",
+    "eval.num_prompts=2",
+    "eval.grid_size=2",
+    "layout.kind=ray",
+    "layout.train_workers=2",
+    "layout.rollout_workers=1",
+    "layout.cpus_per_device=0.5",
+]
+
+
+def tiny_recipe(*overrides: str) -> ARLayoutRecipe:
+    data = load_dict("arithmetic_grpo", [*TINY, *overrides])
+    data["reward"] = EXACT  # a scorer every version of the shipped recipe has
+    return validate(ARLayoutRecipe, data)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Any]:
+    import ray
+
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # workers inherit it: keep the shared cores free
+    try:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    finally:
+        os.environ.pop("OMP_NUM_THREADS") if saved is None else os.environ.update(OMP_NUM_THREADS=saved)
+    yield ray
+    ray.shutdown()
+
+
+def test_colocate_rollout_weights_follow_every_sync(ray_cluster: Any, tmp_path: Path) -> None:
+    recipe = tiny_recipe("layout.placement=colocate", "layout.sync=buckets")
+    rd = RunDir(tmp_path / "run", recipe.model_dump(mode="json"), tensorboard=False)
+    driver = DistributedRL(recipe, rd, ARTrainer, recipe.layout)
+    try:
+        # one placement group: both roles share its 2 "devices", half each
+        assert driver.slabs["train"] is driver.slabs["rollout"]
+        assert driver.slabs["train"].used == [1.0, 0.5]
+        stop = StopFlag()
+        driver.sft(stop)  # 2 optimizer steps, then sync v2
+        samples, _ = driver.collect(recipe.rl, driver.data.train_records(), 0)
+        assert {s.part("ar").weight_version for s in samples} == {2}  # sampled by the synced SFT policy
+        driver.rl(stop)  # 2 RL steps, each followed by a sync
+        assert [c["version"] for c in driver.sync_checks] == [2, 3, 4]
+        for c in driver.sync_checks:
+            assert c["rollout"] == [c["trainer"]]
+        assert len({c["trainer"] for c in driver.sync_checks}) == 3  # the weights changed each time
+        assert driver.rollout_remote.call_rank0(RolloutWorker.weight_version) == 4
+        want = driver.train.call_all(TrainWorker.full_state_dict)[0]
+        got = driver.rollout_remote.call_rank0(RolloutWorker.state_dict)
+        assert set(got) == set(want)
+        for k, v in want.items():
+            assert torch.equal(got[k], v), k
+    finally:
+        driver.shutdown()
+        rd.close()
+
+
+def test_separate_layout_runs_the_recipe_by_config_only(ray_cluster: Any, tmp_path: Path) -> None:
+    recipe = tiny_recipe("layout.placement=separate", "layout.sync=broadcast")
+    assert run(recipe, tmp_path / "run", recipe_name="arithmetic_grpo") == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if r["phase"] == "rl"]
+    assert [r["step"] for r in rl] == [0, 1]
+    assert [r["weight_version"] for r in rl] == [3.0, 4.0]  # 2 SFT steps, then one step per RL step
+    assert all(r["weights_verified"] == 1.0 for r in rl)
+    assert {r["phase"] for r in rows} >= {"sft", "rl", "eval"}
+    assert (tmp_path / "run" / "checkpoints" / "latest" / "meta.json").is_file()
+    meta = json.loads((tmp_path / "run" / "checkpoints" / "latest" / "meta.json").read_text())
+    assert meta["world_size"] == 2 and meta["global_step"] == 4
+    assert (tmp_path / "run" / "report.md").is_file()
+    import ray
+
+    assert ray.util.placement_group_table() and all(  # every slab given back
+        g["state"] == "REMOVED" for g in ray.util.placement_group_table().values()
+    )
+
+
+def test_diffusion_recipe_on_two_train_workers(ray_cluster: Any, tmp_path: Path) -> None:
+    from unirl.apps.distributed.recipes import DiffusionLayoutRecipe
+
+    overrides = ["device=cpu", "threads=1", "rl.steps=2", "eval.num_prompts=1", "eval.grid_size=1"]
+    overrides += ["layout.kind=ray", "layout.placement=separate", "layout.sync=shm"]
+    overrides += ["layout.train_workers=2", "layout.cpus_per_device=0.5"]
+    recipe = validate(DiffusionLayoutRecipe, load_dict("sd3_tiny_flowgrpo", overrides))
+    assert run(recipe, tmp_path / "run", recipe_name="sd3_tiny_flowgrpo") == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if r["phase"] == "rl"]
+    assert [r["weight_version"] for r in rl] == [1.0, 2.0]  # one FlowGRPO step per RL step, then a sync
+    assert all(r["weights_verified"] == 1.0 and r["num_optimizer_steps"] == 1.0 for r in rl)
+    assert json.loads((tmp_path / "run" / "checkpoints" / "latest" / "meta.json").read_text())["world_size"] == 2
