@@ -86,7 +86,9 @@ def rl_batches(recipe: ARLayoutRecipe, n: int) -> list[list[Any]]:
     return batches
 
 
-def train_two_steps(recipe: ARLayoutRecipe, dp: int, batches: list[list[Any]], scratch: str) -> dict[str, Any]:
+def train_two_steps(
+    recipe: ARLayoutRecipe, dp: int, batches: list[list[Any]], scratch: str
+) -> dict[str, Any]:
     remote = RayRemote.spawn(
         partial(TrainWorker, domain=ARTrainer, recipe=recipe, scratch=f"{scratch}/dp{dp}", threads=1),
         name=f"train_dp{dp}",

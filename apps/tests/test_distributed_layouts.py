@@ -47,6 +47,7 @@ TINY = [
     "layout.train_workers=2",
     "layout.rollout_workers=1",
     "layout.cpus_per_device=0.5",
+    "layout.verify_weights=true",
 ]
 
 
@@ -123,11 +124,13 @@ def test_diffusion_recipe_on_two_train_workers(ray_cluster: Any, tmp_path: Path)
 
     overrides = ["device=cpu", "threads=1", "rl.steps=2", "eval.num_prompts=1", "eval.grid_size=1"]
     overrides += ["layout.kind=ray", "layout.placement=separate", "layout.sync=shm"]
-    overrides += ["layout.train_workers=2", "layout.cpus_per_device=0.5"]
+    overrides += ["layout.train_workers=2", "layout.cpus_per_device=0.5", "layout.verify_weights=true"]
     recipe = validate(DiffusionLayoutRecipe, load_dict("sd3_tiny_flowgrpo", overrides))
     assert run(recipe, tmp_path / "run", recipe_name="sd3_tiny_flowgrpo") == 0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if r["phase"] == "rl"]
     assert [r["weight_version"] for r in rl] == [1.0, 2.0]  # one FlowGRPO step per RL step, then a sync
     assert all(r["weights_verified"] == 1.0 and r["num_optimizer_steps"] == 1.0 for r in rl)
-    assert json.loads((tmp_path / "run" / "checkpoints" / "latest" / "meta.json").read_text())["world_size"] == 2
+    assert (
+        json.loads((tmp_path / "run" / "checkpoints" / "latest" / "meta.json").read_text())["world_size"] == 2
+    )

@@ -58,7 +58,10 @@ def start(recipe: Path, run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with log.open("ab") as f:
         return subprocess.Popen(
-            [str(UNIRL), "train", str(recipe), "--run-dir", str(run_dir)], stdout=f, stderr=subprocess.STDOUT, env=env
+            [str(UNIRL), "train", str(recipe), "--run-dir", str(run_dir)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
 
 

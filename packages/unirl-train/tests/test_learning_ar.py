@@ -59,12 +59,13 @@ def digit_fraction(part: Part) -> float:
     return sum(c.isdigit() for c in text) / len(text) if text else 0.0
 
 
-# name -> (config, steps, asserted minimum gain of the eval reward). Margins are well under the
-# smallest gain measured on seeds 0 and 1 (see the report in the PR).
+# name -> (config, steps, asserted minimum gain of the eval reward). Measured eval gains (seeds
+# 0 / 1 / 2, from ~0.1): grpo +0.735/+0.799/+0.861, gspo +0.511/+0.666/+0.751, drpo
+# +0.831/+0.838/+0.889. Margins are half the smallest gain. Runs are deterministic on CPU.
 CASES: dict[str, tuple[Any, int, float]] = {
-    "grpo": (GRPOConfig(), 15, 0.3),
-    "gspo": (GSPOConfig(), 15, 0.3),
-    "drpo": (DRPOConfig(), 15, 0.3),
+    "grpo": (GRPOConfig(), 12, 0.25),
+    "gspo": (GSPOConfig(), 12, 0.25),
+    "drpo": (DRPOConfig(), 12, 0.25),
 }
 
 
@@ -102,6 +103,8 @@ def test_ar_algorithm_raises_digit_fraction(name: str) -> None:
     print(f"{name}: {run}")
     assert all(m["skipped_nonfinite"] == 0 for m in run.metrics)
     assert all(m["num_optimizer_steps"] == 2 for m in run.metrics)
-    assert run.gain > margin, f"{name}: eval digit fraction {run.before:.4f} -> {run.after:.4f}, expected > +{margin}"
+    assert run.gain > margin, (
+        f"{name}: eval digit fraction {run.before:.4f} -> {run.after:.4f}, expected > +{margin}"
+    )
     first, last = sum(run.train_rewards[:3]) / 3, sum(run.train_rewards[-3:]) / 3
     assert last - first > margin, f"{name}: train reward first-3 {first:.4f} -> last-3 {last:.4f}"

@@ -69,17 +69,25 @@ class DistributedRL(Trainer):
         self._scratch = tempfile.TemporaryDirectory(prefix="unirl-workers-")
         self._start_workers()
         self.engine = RemoteEngine(self)
-        self._eval_params = self.train.call_rank0(TrainWorker.eval_params)
+        try:
+            self._eval_params = self.train.call_rank0(TrainWorker.eval_params)
+        except BaseException:
+            self.shutdown()
+            raise
 
     # ---- workers --------------------------------------------------------------------------------
     def _start_workers(self) -> None:
         lay = self.layout
         roles = {"train": lay.train_workers, "rollout": lay.rollout_workers}
         plan, self.slabs = place(roles, lay.placement, device=lay.device, cpus_per_device=lay.cpus_per_device)
-        spawn = partial(RayRemote.spawn, call_timeout_s=lay.call_timeout_s, startup_timeout_s=lay.call_timeout_s)
+        spawn = partial(
+            RayRemote.spawn, call_timeout_s=lay.call_timeout_s, startup_timeout_s=lay.call_timeout_s
+        )
         threads = lay.threads_per_worker
         self.train: RayRemote[TrainWorker] = spawn(
-            partial(TrainWorker, domain=self.domain, recipe=self.cfg, scratch=self._scratch.name, threads=threads),
+            partial(
+                TrainWorker, domain=self.domain, recipe=self.cfg, scratch=self._scratch.name, threads=threads
+            ),
             name="train",
             mesh=MeshShape(dp=lay.train_workers),
             slab=self.slabs["train"],
@@ -210,7 +218,11 @@ class DistributedRL(Trainer):
                 self.run.log(step, m, phase="rl")
                 bar.advance(reward=m["reward_mean"], loss=m.get("loss", float("nan")))
                 self.rl_step += 1
-                if self.cfg.eval.every and self.rl_step % self.cfg.eval.every == 0 and self.rl_step < phase.steps:
+                if (
+                    self.cfg.eval.every
+                    and self.rl_step % self.cfg.eval.every == 0
+                    and self.rl_step < phase.steps
+                ):
                     self.evaluate(f"rl@{self.rl_step}", step=self.rl_step)
                 if self.cfg.checkpoint_every and self.rl_step % self.cfg.checkpoint_every == 0:
                     self.save()

@@ -41,18 +41,25 @@ class LayoutConfig(BaseModel):
     )
     threads_per_worker: int = Field(default=1, ge=1, description="torch CPU threads in each worker")
     verify_weights: bool = Field(
-        default=True,
+        default=False,
         description="after every sync also compare a checksum of the rollout worker's live weights with "
-        "the trainer's (on top of the per-bucket checksums the weight plane always checks)",
+        "the trainer's (on top of the per-bucket checksums the weight plane always checks); costs one "
+        "more full gather per sync, so it is a debugging/test aid",
     )
     ray_address: str | None = Field(
-        default=None, description="connect to this Ray cluster; None: join the running one or start a local one"
+        default=None,
+        description="connect to this Ray cluster; None: join the running one or start a local one",
     )
     call_timeout_s: float = Field(default=600.0, gt=0, description="deadline of one worker call")
 
     @model_validator(mode="after")
     def _sizes(self) -> LayoutConfig:
-        if self.kind == "ray" and self.sync == "broadcast" and self.placement == "colocate" and self.device == "gpu":
+        if (
+            self.kind == "ray"
+            and self.sync == "broadcast"
+            and self.placement == "colocate"
+            and self.device == "gpu"
+        ):
             # NCCL cannot broadcast between two processes bound to the same GPU
             raise ValueError(
                 "layout.sync='broadcast' with placement='colocate' on GPU puts sender and receiver on "
@@ -79,7 +86,9 @@ def check_layout(recipe: Any, layout: LayoutConfig) -> None:
         try:
             rl.geometry.check_shard(total // n)
         except ValueError as e:
-            raise ValueError(f"rl.geometry with layout.train_workers={n} (per-rank shard {total // n}): {e}") from None
+            raise ValueError(
+                f"rl.geometry with layout.train_workers={n} (per-rank shard {total // n}): {e}"
+            ) from None
     sft = getattr(recipe, "sft", None)
     if sft is not None and sft.steps and sft.batch_size % n:
         raise ValueError(

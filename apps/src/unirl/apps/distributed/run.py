@@ -6,7 +6,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from unirl.apps.distributed.layout import LayoutConfig
+from unirl.apps.distributed.layout import LayoutConfig, check_layout
 from unirl.apps.trainers.base import Trainer, run_trainer
 
 __all__ = ["domain_trainer", "ensure_ray", "run"]
@@ -42,7 +42,15 @@ def run(recipe: Any, run_dir: Path, *, mode: str = "train", recipe_name: str = "
     title = f"unirl {recipe.trainer} run: {recipe_name}"
     if layout.kind == "single":
         return run_trainer(domain, recipe, run_dir, mode=mode, recipe_name=recipe_name, title=title)
+    check_layout(recipe, layout)  # before Ray starts: a bad batch split fails in a second
     ensure_ray(layout)
     cls: Any = partial(DistributedRL, domain=domain, layout=layout)
-    return run_trainer(cls, recipe, run_dir, mode=mode, recipe_name=recipe_name, title=title + f" ({layout.placement}, "
-                       f"{layout.train_workers} train + {layout.rollout_workers} rollout workers)")
+    return run_trainer(
+        cls,
+        recipe,
+        run_dir,
+        mode=mode,
+        recipe_name=recipe_name,
+        title=title + f" ({layout.placement}, "
+        f"{layout.train_workers} train + {layout.rollout_workers} rollout workers)",
+    )
