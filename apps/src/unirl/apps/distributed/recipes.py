@@ -1,22 +1,9 @@
-"""Recipes with a ``layout:`` section (until the domain recipes carry one themselves)."""
+"""Recipe aliases kept for callers that named the layout-carrying recipes: every domain recipe has
+a ``layout`` section now (``unirl.apps.trainers.phases.RunSettings``)."""
 
 from __future__ import annotations
 
-from pydantic import Field
-
-from unirl.apps.distributed.layout import LayoutConfig
-from unirl.apps.trainers import ar_config, diffusion_config
+from unirl.apps.trainers.ar_config import Recipe as ARLayoutRecipe
+from unirl.apps.trainers.diffusion_config import Recipe as DiffusionLayoutRecipe
 
 __all__ = ["ARLayoutRecipe", "DiffusionLayoutRecipe"]
-
-
-class ARLayoutRecipe(ar_config.Recipe):
-    """The AR recipe plus ``layout`` (default: single process)."""
-
-    layout: LayoutConfig = Field(default_factory=LayoutConfig)
-
-
-class DiffusionLayoutRecipe(diffusion_config.Recipe):
-    """The diffusion recipe plus ``layout`` (default: single process)."""
-
-    layout: LayoutConfig = Field(default_factory=LayoutConfig)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from unirl.apps.distributed.layout import LayoutConfig, check_layout
+from unirl.apps.distributed.layout import LayoutConfig
 from unirl.apps.trainers.base import Trainer, run_trainer
 
 __all__ = ["domain_trainer", "ensure_ray", "run"]
@@ -34,23 +33,9 @@ def ensure_ray(layout: LayoutConfig) -> None:
 
 
 def run(recipe: Any, run_dir: Path, *, mode: str = "train", recipe_name: str = "") -> int:
-    """Run ``recipe`` single-process (``layout.kind: single``, the default) or on Ray workers."""
-    from unirl.apps.distributed.driver import DistributedRL
-
-    domain = domain_trainer(recipe)
-    layout: LayoutConfig = getattr(recipe, "layout", None) or LayoutConfig()
+    """Run ``recipe`` single-process (``layout.kind: single``, the default) or on Ray workers;
+    ``run_trainer`` reads the layout."""
     title = f"unirl {recipe.trainer} run: {recipe_name}"
-    if layout.kind == "single":
-        return run_trainer(domain, recipe, run_dir, mode=mode, recipe_name=recipe_name, title=title)
-    check_layout(recipe, layout)  # before Ray starts: a bad batch split fails in a second
-    ensure_ray(layout)
-    cls: Any = partial(DistributedRL, domain=domain, layout=layout)
     return run_trainer(
-        cls,
-        recipe,
-        run_dir,
-        mode=mode,
-        recipe_name=recipe_name,
-        title=title + f" ({layout.placement}, "
-        f"{layout.train_workers} train + {layout.rollout_workers} rollout workers)",
+        domain_trainer(recipe), recipe, run_dir, mode=mode, recipe_name=recipe_name, title=title
     )

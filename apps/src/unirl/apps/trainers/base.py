@@ -249,11 +249,22 @@ class Trainer:
 def run_trainer(
     cls: type[Trainer], recipe: Any, run_dir: Path, *, mode: str, recipe_name: str, title: str
 ) -> int:
+    factory: Any = cls
+    if recipe.layout.kind == "ray":  # the same recipe on Ray workers: config decides, code does not change
+        from functools import partial
+
+        from unirl.apps.distributed.driver import DistributedRL
+        from unirl.apps.distributed.layout import check_layout
+        from unirl.apps.distributed.run import ensure_ray
+
+        check_layout(recipe, recipe.layout)  # before Ray starts: a bad batch split fails in a second
+        ensure_ray(recipe.layout)
+        factory = partial(DistributedRL, domain=cls, layout=recipe.layout)
     rd = RunDir(run_dir, recipe.model_dump(mode="json"))
     log.info("run directory: %s", rd.root)
     stop = StopFlag()
     try:
-        trainer = cls(recipe, rd)
+        trainer = factory(recipe, rd)
         with stop.installed():
             trainer.run_all(mode, stop)
         plot_metrics(read_metrics(rd.root / "metrics.jsonl"), rd.plots)

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from unirl.apps.distributed.layout import LayoutConfig
 from unirl.train.algorithms import AlgorithmConfig
 from unirl.train.geometry import BatchGeometry
 from unirl.types import AdvantageConfig
@@ -71,6 +72,9 @@ class RunSettings(BaseModel):
     threads: int | None = Field(default=None, ge=1, description="torch CPU threads (None = torch default)")
     checkpoint_every: int = Field(default=0, ge=0, description="RL steps between checkpoints (0 = end only)")
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    layout: LayoutConfig = Field(
+        default_factory=LayoutConfig, description="process layout: one process (single) or Ray workers (ray)"
+    )
 
     @model_validator(mode="after")
     def _phases(self) -> RunSettings:

@@ -29,7 +29,12 @@ class ShapesDataConfig(BaseModel):
     include_single: bool = True
     include_pairs: bool = True
     shapes: tuple[Literal["circle", "square"], ...] = ("circle", "square")
-    relations: tuple[Literal["left of", "right of", "above", "below"], ...] = ("left of", "right of", "above", "below")
+    relations: tuple[Literal["left of", "right of", "above", "below"], ...] = (
+        "left of",
+        "right of",
+        "above",
+        "below",
+    )
 
     def build(self) -> ShapesSource:
         return ShapesSource(ShapesWorld(ShapesWorldConfig(**self.model_dump(exclude={"kind"}))))

@@ -16,7 +16,14 @@ from torch import Tensor, nn
 from unirl.rollout.schedules import DynamicShiftSchedule
 from unirl.types import Conditions, to_torch
 
-__all__ = ["NEGATIVE_PREFIX", "FlowBundle", "freeze", "from_uint8_images", "stack_conditions", "to_uint8_images"]
+__all__ = [
+    "NEGATIVE_PREFIX",
+    "FlowBundle",
+    "freeze",
+    "from_uint8_images",
+    "stack_conditions",
+    "to_uint8_images",
+]
 
 NEGATIVE_PREFIX = "negative_"
 """Conditions of the CFG negative prompt are stored next to the positive ones under this prefix."""

@@ -252,7 +252,10 @@ class FSDPBackend:
         )
 
         missing = set(self.trainable) - set(state["model"])
-        known = {n for n, _ in self.module.named_parameters()} | {n for n, _ in self.module.named_buffers()}
+        # remove_duplicate=False: tied weights (e.g. lm_head tied to the embeddings) are saved under
+        # both names, so both are known on load.
+        known = {n for n, _ in self.module.named_parameters(remove_duplicate=False)}
+        known |= {n for n, _ in self.module.named_buffers(remove_duplicate=False)}
         unexpected = set(state["model"]) - known
         if missing or unexpected:
             raise ValueError(
