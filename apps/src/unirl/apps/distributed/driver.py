@@ -16,16 +16,14 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from unirl.apps.distributed.layout import LayoutConfig, check_layout
 from unirl.apps.distributed.workers import RolloutWorker, TrainWorker
 from unirl.apps.loop import StopFlag, latest_checkpoint
-from unirl.apps.progress import PhaseProgress
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.base import Trainer
 from unirl.distributed import MeshShape, RayRemote, place, split_dp
@@ -182,51 +180,19 @@ class DistributedRL(Trainer):
     def rollout(self, samples: list[Sample], step: int) -> list[Sample]:
         return self.engine.generate(samples, rollout_step=step)
 
-    # ---- phases -----------------------------------------------------------------------------------
-    def sft(self, stop: StopFlag) -> None:
-        phase = self.cfg.sft
-        if phase is None or phase.steps == 0:
-            return
-        self.train.call_all(TrainWorker.begin, "sft")
-        t0 = time.time()
-        with PhaseProgress("sft", phase.steps) as bar:
-            for step in range(phase.steps):
-                parts = self.train.call_rank0(TrainWorker.sft_parts, phase.batch_size, step)
-                m = self.train_on(parts)
-                self.run.log(step, m, phase="sft")
-                bar.advance(loss=m.get("loss", float("nan")))
-                if stop.stop:
-                    break
-        self._timed("sft", t0)
-        self.sync_weights()
+    # ---- phase hooks: the shared loops of Trainer run on the workers ------------------------------
+    def begin_phase(self, name: str) -> Callable[[list[Part]], dict[str, float]]:
+        self.train.call_all(TrainWorker.begin, name)
+        return self.train_on
 
-    def rl(self, stop: StopFlag) -> None:
-        phase = self.cfg.rl
-        if phase is None or phase.steps == 0 or self.rl_step >= phase.steps:
-            return
-        self.train.call_all(TrainWorker.begin, "rl")
-        train = self.data.train_records()
-        t0 = time.time()
-        with PhaseProgress("rl", phase.steps - self.rl_step) as bar:
-            while self.rl_step < phase.steps and not stop.stop:
-                step = self.rl_step
-                samples, extra = self.collect(phase, train, step)  # rollout, reward, advantages
-                m = self.train_on([s.part(self.stage) for s in samples])
-                m |= self.sync_weights()
-                rewards = [s.part(self.stage).reward.total for s in samples]
-                m |= {"reward_mean": float(np.mean(rewards)), "reward_std": float(np.std(rewards)), **extra}
-                self.run.log(step, m, phase="rl")
-                bar.advance(reward=m["reward_mean"], loss=m.get("loss", float("nan")))
-                self.rl_step += 1
-                if (
-                    self.cfg.eval.every
-                    and self.rl_step % self.cfg.eval.every == 0
-                    and self.rl_step < phase.steps
-                ):
-                    self.evaluate(f"rl@{self.rl_step}", step=self.rl_step)
-                if self.cfg.checkpoint_every and self.rl_step % self.cfg.checkpoint_every == 0:
-                    self.save()
-        self._timed("rl", t0)
+    def sft_parts(self, batch_size: int, step: int) -> list[Part]:
+        return self.train.call_rank0(TrainWorker.sft_parts, batch_size, step)
+
+    def after_train_step(self) -> dict[str, float]:
+        return self.sync_weights()
+
+    def after_phase(self, name: str) -> None:
+        self.sync_weights()
 
     def run_all(self, mode: str, stop: StopFlag) -> None:
         """The shared lifecycle; the workers are stopped at the end (also on failure)."""

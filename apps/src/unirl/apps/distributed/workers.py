@@ -18,14 +18,13 @@ from typing import Any
 import torch
 
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.base import pick_device, set_base_lr
+from unirl.apps.trainers.base import pick_device
 from unirl.distributed.codec import Checksum
 from unirl.distributed.errors import WeightSyncError
 from unirl.distributed.rank import RankInfo
 from unirl.distributed.weightsync import SyncAck, SyncTicket, WeightSync
 from unirl.distributed.weightsync.protocol import full_tensor
 from unirl.train.checkpoint import load_checkpoint, save_checkpoint
-from unirl.train.geometry import BatchGeometry
 from unirl.train.stack import TrainStack
 from unirl.types import Part, Sample
 
@@ -96,18 +95,7 @@ class TrainWorker:
     # -- training -----------------------------------------------------------------------------
     def begin(self, phase: str) -> None:
         """Set up the TrainStack of ``phase`` ('sft' or 'rl'), as the single-process trainer does."""
-        cfg = self.trainer.cfg
-        p = getattr(cfg, phase)
-        if p.lr is not None:
-            set_base_lr(self.backend, p.lr)
-        if phase == "sft":
-            per_rank = p.batch_size // self.info.dp_size
-            geometry = BatchGeometry(micro_batch_size=min(p.micro_batch_size or p.batch_size, per_rank))
-            self.stack = TrainStack(self.backend, p.algorithm.build(), self.trainer.pipeline, geometry)
-        elif phase == "rl":
-            self.stack = TrainStack(self.backend, self.trainer.algorithm, self.trainer.pipeline, p.geometry)
-        else:
-            raise ValueError(f"phase={phase!r} is not one of 'sft', 'rl'")
+        self.stack = self.trainer.make_stack(phase, dp_size=self.info.dp_size)
 
     def train_on(self, shards: list[list[Part]]) -> list[dict[str, float]]:
         """Train on this rank's shard (DP dispatch of one shard per dp rank: ``shards`` holds

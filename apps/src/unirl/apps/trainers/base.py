@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -88,23 +89,49 @@ class Trainer:
     def _timed(self, name: str, t0: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + time.time() - t0
 
+    def make_stack(self, name: str, dp_size: int = 1) -> TrainStack:
+        """The TrainStack of phase ``name`` ("sft" or "rl"), with the phase's learning rate set.
+
+        ``dp_size``: data-parallel ranks sharing each batch (SFT micro-batches are per rank)."""
+        phase = getattr(self.cfg, name)
+        if phase.lr is not None:
+            set_base_lr(self.backend, phase.lr)
+        if name == "sft":
+            per_rank = phase.batch_size // dp_size
+            geometry = BatchGeometry(
+                micro_batch_size=min(phase.micro_batch_size or phase.batch_size, per_rank)
+            )
+            return TrainStack(self.backend, phase.algorithm.build(), self.pipeline, geometry)
+        if name == "rl":
+            return TrainStack(self.backend, self.algorithm, self.pipeline, phase.geometry)
+        raise ValueError(f"phase={name!r} is not one of 'sft', 'rl'")
+
+    def begin_phase(self, name: str) -> Callable[[list[Part]], dict[str, float]]:
+        """The train step (parts -> metrics) of phase ``name``; a multi-worker layout overrides it."""
+        return self.make_stack(name).train_on
+
+    def after_train_step(self) -> dict[str, float]:
+        """After each RL optimizer step (a dedicated rollout engine syncs weights here); extra metrics."""
+        return {}
+
+    def after_phase(self, name: str) -> None:
+        """After a phase ends."""
+
     def sft(self, stop: StopFlag) -> None:
         phase = self.cfg.sft
         if phase is None or phase.steps == 0:
             return
-        if phase.lr is not None:
-            set_base_lr(self.backend, phase.lr)
-        geometry = BatchGeometry(micro_batch_size=phase.micro_batch_size or phase.batch_size)
-        stack = TrainStack(self.backend, phase.algorithm.build(), self.pipeline, geometry)
+        train = self.begin_phase("sft")
         t0 = time.time()
         with PhaseProgress("sft", phase.steps) as bar:
             for step in range(phase.steps):
-                m = stack.train_on(self.sft_parts(phase.batch_size, step))
+                m = train(self.sft_parts(phase.batch_size, step))
                 self.run.log(step, m, phase="sft")
                 bar.advance(loss=m.get("loss", float("nan")))
                 if stop.stop:
                     break
         self._timed("sft", t0)
+        self.after_phase("sft")
 
     def rollout(self, samples: list[Sample], step: int) -> list[Sample]:
         with self.backend.ema_weights() if self.ema_rollout else nullcontext():
@@ -114,16 +141,15 @@ class Trainer:
         phase = self.cfg.rl
         if phase is None or phase.steps == 0 or self.rl_step >= phase.steps:
             return
-        if phase.lr is not None:
-            set_base_lr(self.backend, phase.lr)
-        stack = TrainStack(self.backend, self.algorithm, self.pipeline, phase.geometry)
+        train_step = self.begin_phase("rl")
         train = self.data.train_records()
         t0 = time.time()
         with PhaseProgress("rl", phase.steps - self.rl_step) as bar:
             while self.rl_step < phase.steps and not stop.stop:
                 step = self.rl_step
                 samples, extra = self.collect(phase, train, step)
-                m = stack.train_on([s.part(self.stage) for s in samples])
+                m = train_step([s.part(self.stage) for s in samples])
+                m |= self.after_train_step()
                 rewards = [s.part(self.stage).reward.total for s in samples]
                 m |= {"reward_mean": float(np.mean(rewards)), "reward_std": float(np.std(rewards)), **extra}
                 self.run.log(step, m, phase="rl")
