@@ -100,7 +100,10 @@ def tests(session: nox.Session, package: str) -> None:
     """One package's tests, in an environment with only that package and its declared deps."""
     path = PACKAGES[package]
     install_members(session, path)
-    session.run("python", "-m", "pytest", f"{path}/tests", *PYTEST_ARGS, *session.posargs)
+    # Ray puts unix sockets under its temp dir; nox's per-session TMPDIR makes those paths longer
+    # than the 107-byte AF_UNIX limit, so Ray gets a short one of its own.
+    env = {"RAY_TMPDIR": "/tmp/unirl-ray"}
+    session.run("python", "-m", "pytest", f"{path}/tests", *PYTEST_ARGS, *session.posargs, env=env)
 
 
 @nox.session
