@@ -21,14 +21,16 @@ log = logging.getLogger("unirl")
 
 
 def setup_logging(level: int = logging.INFO) -> Console:
+    """Rich log lines on a terminal; plain one-line records (greppable, never wrapped) elsewhere."""
     console = Console(stderr=True)
-    logging.basicConfig(
-        level=level,
-        format="%(message)s",
-        datefmt="%H:%M:%S",
-        handlers=[RichHandler(console=console, show_path=False, rich_tracebacks=False)],
-        force=True,
-    )
+    handler: logging.Handler
+    if console.is_terminal:
+        handler = RichHandler(console=console, show_path=False, rich_tracebacks=False)
+        handler.setFormatter(logging.Formatter("%(message)s", datefmt="%H:%M:%S"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     for noisy in ("httpx", "urllib3", "PIL", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return console
