@@ -203,13 +203,13 @@ class DistributedRL(Trainer):
 
     # ---- checkpoints (every train rank takes part) --------------------------------------------------
     def save(self) -> None:
-        self.train.call_all(TrainWorker.save, str(self.run.checkpoints / "latest"), {"rl_step": self.rl_step})
+        self.train.call_all(TrainWorker.save, str(self.run.checkpoints / "latest"), self.cursor())
 
     def resume(self) -> bool:
         ckpt = latest_checkpoint(self.run.root)
         if ckpt is None:
             return False
         extra = self.train.call_all(TrainWorker.load, str(ckpt))[0]
-        self.rl_step = int(extra.get("rl_step", 0))
-        log.info("resumed from %s at rl step %d", ckpt, self.rl_step)
+        log.info("resuming from %s", ckpt)
+        self.restore_cursor(extra)
         return True

@@ -63,6 +63,7 @@ class Trainer:
         torch.manual_seed(recipe.seed)
         self.device = pick_device(recipe.device)
         self.rl_step = 0
+        self.sft_step = 0  # the data cursor: SFT and RL batches are pure functions of (seed, step)
         self.evals: dict[str, dict[str, float]] = {}
         self.timings: dict[str, float] = {}
         self.grids: list[str] = []
@@ -123,13 +124,13 @@ class Trainer:
             return
         train = self.begin_phase("sft")
         t0 = time.time()
-        with PhaseProgress("sft", phase.steps) as bar:
-            for step in range(phase.steps):
+        with PhaseProgress("sft", phase.steps - self.sft_step) as bar:
+            while self.sft_step < phase.steps and not stop.stop:
+                step = self.sft_step
                 m = train(self.sft_parts(phase.batch_size, step))
                 self.run.log(step, m, phase="sft")
                 bar.advance(loss=m.get("loss", float("nan")))
-                if stop.stop:
-                    break
+                self.sft_step += 1
         self._timed("sft", t0)
         self.after_phase("sft")
 
@@ -242,15 +243,23 @@ class Trainer:
         return m
 
     # ---- checkpoints --------------------------------------------------------------------------
+    def cursor(self) -> dict[str, int]:
+        """Where the run is: saved with every checkpoint, restored on resume."""
+        return {"sft_step": self.sft_step, "rl_step": self.rl_step}
+
+    def restore_cursor(self, extra: dict[str, Any]) -> None:
+        self.sft_step, self.rl_step = int(extra.get("sft_step", 0)), int(extra.get("rl_step", 0))
+        log.info("resumed at rl step %d (sft step %d)", self.rl_step, self.sft_step)
+
     def save(self) -> None:
-        save_checkpoint(self.run.checkpoints / "latest", self.backend, extra={"rl_step": self.rl_step})
+        save_checkpoint(self.run.checkpoints / "latest", self.backend, extra=self.cursor())
 
     def resume(self) -> bool:
         ckpt = latest_checkpoint(self.run.root)
         if ckpt is None:
             return False
-        self.rl_step = int(load_checkpoint(ckpt, self.backend).get("rl_step", 0))
-        log.info("resumed from %s at rl step %d", ckpt, self.rl_step)
+        log.info("resuming from %s", ckpt)
+        self.restore_cursor(load_checkpoint(ckpt, self.backend))
         return True
 
     # ---- the whole run ------------------------------------------------------------------------
@@ -259,12 +268,15 @@ class Trainer:
         if mode == "eval":
             self.evaluate("eval", step=self.rl_step, grid=True)
             return
-        if not resumed:
-            has_sft = self.cfg.sft is not None and self.cfg.sft.steps > 0
-            if has_sft:
+        sft_steps = self.cfg.sft.steps if self.cfg.sft is not None else 0
+        if self.sft_step < sft_steps:  # a fresh run, or one stopped during SFT
+            if self.sft_step == 0:
                 self.evaluate("init", step=0)
-                self.sft(stop)
-            self.evaluate("sft" if has_sft else "init", step=0, grid=True)
+            self.sft(stop)
+            if not stop.stop:
+                self.evaluate("sft", step=0, grid=True)
+        elif not resumed:
+            self.evaluate("init", step=0, grid=True)
         if mode == "train" and not stop.stop:
             self.rl(stop)
             if self.cfg.rl is not None and self.cfg.rl.steps:

@@ -1,0 +1,23 @@
+"""A run resumes where it stopped, in SFT as in RL: the checkpoint carries the data cursor."""
+
+from pathlib import Path
+
+import pytest
+
+from unirl.apps import cli
+from unirl.apps.run_dir import read_metrics
+
+TINY = ["rl.steps=2", "rl.prompts_per_step=4", "rl.samples_per_prompt=4", "rl.geometry.micro_batch_size=16",
+        "sft.batch_size=16", "eval.num_prompts=4", "eval.grid_size=2", "threads=1"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_sft_then_train_continues_sft_from_its_cursor(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert cli.main(["sft", "arithmetic_grpo", "sft.steps=3", *TINY, "--run-dir", str(run)]) == 0
+    # a longer SFT phase in the same run directory: steps 3..4 run, then RL
+    assert cli.main(["train", "arithmetic_grpo", "sft.steps=5", *TINY, "--run-dir", str(run)]) == 0
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows if r["phase"] == "sft"] == [0, 1, 2, 3, 4]
+    assert [r["step"] for r in rows if r["phase"] == "rl"] == [0, 1]
+    assert rows[-1]["phase"] == "eval"
