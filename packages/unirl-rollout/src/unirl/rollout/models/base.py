@@ -21,7 +21,9 @@ __all__ = [
     "FlowBundle",
     "freeze",
     "from_uint8_images",
+    "sd3_style_velocity",
     "stack_conditions",
+    "text_conditions",
     "to_uint8_images",
 ]
 
@@ -102,6 +104,28 @@ def freeze(*modules: nn.Module | None) -> None:
         if m is not None:
             m.eval()
             m.requires_grad_(False)
+
+
+def text_conditions(embeds_BLD: Tensor, pooled_BP: Tensor) -> list[Conditions]:
+    """Per-prompt Conditions under the keys SD3-style transformers read (moved to CPU)."""
+    return [
+        Conditions(tensors={"prompt_embeds": e, "pooled_prompt_embeds": p})
+        for e, p in zip(embeds_BLD.cpu(), pooled_BP.cpu())
+    ]
+
+
+def sd3_style_velocity(
+    transformer: nn.Module, latents: Tensor, sigma: Tensor, conditions: dict[str, Tensor]
+) -> Tensor:
+    """Velocity from a transformer with SD3's call signature; timesteps are sigma * 1000 in fp32,
+    exactly as the diffusers scheduler builds them."""
+    return transformer(
+        hidden_states=latents,
+        timestep=sigma.to(torch.float32) * 1000.0,
+        encoder_hidden_states=conditions["prompt_embeds"],
+        pooled_projections=conditions["pooled_prompt_embeds"],
+        return_dict=False,
+    )[0]
 
 
 def from_uint8_images(images_BHWC: Tensor) -> Tensor:

@@ -17,7 +17,13 @@ from diffusers import (
 from torch import Tensor, nn
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-from unirl.rollout.models.base import freeze, from_uint8_images, to_uint8_images
+from unirl.rollout.models.base import (
+    freeze,
+    from_uint8_images,
+    sd3_style_velocity,
+    text_conditions,
+    to_uint8_images,
+)
 from unirl.rollout.models.tokenizers import tiny_word_tokenizer
 from unirl.rollout.schedules import DynamicShiftSchedule
 from unirl.types import Conditions
@@ -184,21 +190,10 @@ class SD3Bundle:
             do_classifier_free_guidance=False,
             max_sequence_length=self.max_sequence_length,
         )
-        return [
-            Conditions(tensors={"prompt_embeds": e, "pooled_prompt_embeds": p})
-            for e, p in zip(embeds.cpu(), pooled.cpu())
-        ]
+        return text_conditions(embeds, pooled)
 
     def predict_velocity(self, latents: Tensor, sigma: Tensor, conditions: dict[str, Tensor]) -> Tensor:
-        # SD3 timesteps are sigma * 1000 computed in fp32, exactly as the scheduler builds them
-        timestep = sigma.to(torch.float32) * 1000.0
-        return self.transformer(
-            hidden_states=latents,
-            timestep=timestep,
-            encoder_hidden_states=conditions["prompt_embeds"],
-            pooled_projections=conditions["pooled_prompt_embeds"],
-            return_dict=False,
-        )[0]
+        return sd3_style_velocity(self.transformer, latents, sigma, conditions)
 
     @torch.no_grad()
     def encode_images(self, images_BHWC: Tensor) -> Tensor:

@@ -19,7 +19,13 @@ import torch
 from diffusers import SD3Transformer2DModel
 from torch import Tensor, nn
 
-from unirl.rollout.models.base import freeze, from_uint8_images, to_uint8_images
+from unirl.rollout.models.base import (
+    freeze,
+    from_uint8_images,
+    sd3_style_velocity,
+    text_conditions,
+    to_uint8_images,
+)
 from unirl.rollout.models.tiny.text_encoder import TinyTextEncoder, WordTokenizer
 from unirl.rollout.models.tiny.unet import TinyUNet
 from unirl.rollout.schedules import DynamicShiftSchedule
@@ -178,20 +184,10 @@ class PixelFlowBundle:
     @torch.no_grad()
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditions]:
         embeds, pooled = self.encode_trainable(texts)
-        return [
-            Conditions(tensors={"prompt_embeds": e, "pooled_prompt_embeds": p})
-            for e, p in zip(embeds.cpu(), pooled.cpu())
-        ]
+        return text_conditions(embeds, pooled)
 
     def predict_velocity(self, latents: Tensor, sigma: Tensor, conditions: dict[str, Tensor]) -> Tensor:
-        timestep = sigma.to(torch.float32) * 1000.0
-        return self.transformer(
-            hidden_states=latents,
-            encoder_hidden_states=conditions["prompt_embeds"],
-            pooled_projections=conditions["pooled_prompt_embeds"],
-            timestep=timestep,
-            return_dict=False,
-        )[0]
+        return sd3_style_velocity(self.transformer, latents, sigma, conditions)
 
     @torch.no_grad()
     def encode_images(self, images_BHWC: Tensor) -> Tensor:
