@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
+from unirl.train.algorithms.base import BatchTotals
 from unirl.train.algorithms.flow_grpo import FlowGRPOConfig
 from unirl.train.backends.fsdp import FSDPConfig
 from unirl.train.geometry import BatchGeometry
@@ -87,3 +88,47 @@ def test_real_flow_grpo_is_invariant_to_the_micro_batch_split(tiny) -> None:
         assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=1e-5, abs=1e-7)
         for n in ref_params:
             torch.testing.assert_close(p[n], ref_params[n], atol=1e-6, rtol=0)
+
+
+def test_streamed_flow_grpo_backward_equals_one_backward_of_the_sum(tiny) -> None:
+    """TrainStack back-propagates FlowGRPO step by step (one step's graph alive at a time); the
+    accumulated gradient must equal one backward of the summed loss."""
+    torch.manual_seed(0)
+    module = tiny.VelocityMLP()
+    pipe = tiny.FlowPipeline(module)
+    parts = pipe.rollout(4, sde_sets=[[0, 1, 2], [1], [0, 2]], seed=1)
+    algo = FlowGRPOConfig(clip_range=0.2).build()
+    assert algo.streams_backward
+    totals = BatchTotals(*algo.count(parts))
+    loss, _ = algo.loss(parts, pipe, totals)
+    loss.backward()
+    whole = {n: p.grad.clone() for n, p in module.named_parameters()}
+    module.zero_grad()
+    calls: list[bool] = []
+
+    def backward(term: torch.Tensor, final: bool) -> None:
+        calls.append(final)
+        term.backward()
+
+    streamed, _ = algo.loss(parts, pipe, totals, backward=backward)
+    assert calls == [False, False, True]  # one backward per distinct SDE step, the last flagged
+    assert not streamed.requires_grad and float(streamed) == pytest.approx(float(loss), rel=1e-6)
+    assert any(g.abs().sum() > 0 for g in whole.values())
+    for n, p in module.named_parameters():
+        torch.testing.assert_close(p.grad, whole[n], atol=1e-7, rtol=1e-6)
+
+
+def test_flow_grpo_train_fraction_trains_the_first_steps_of_each_part(tiny) -> None:
+    torch.manual_seed(0)
+    pipe = tiny.FlowPipeline(tiny.VelocityMLP())
+    parts = pipe.rollout(3, sde_sets=[[0, 1, 2], [1], [0, 2]], seed=1)
+    algo = FlowGRPOConfig(train_fraction=0.67).build()
+    # int(3 * 0.67) = 2 of [0, 1, 2]; int(1 * 0.67) = 0 -> at least 1; int(2 * 0.67) = 1 of [0, 2]
+    assert algo.count(parts) == (3, 4, 4)
+    _, metrics = algo.loss(parts, pipe, BatchTotals(*algo.count(parts)))
+    assert sorted(k for k in metrics if k.startswith("log_ratio_step_")) == [
+        "log_ratio_step_0",
+        "log_ratio_step_1",
+    ]
+    with pytest.raises(ValueError, match="train_fraction"):
+        FlowGRPOConfig(train_fraction=0.0)

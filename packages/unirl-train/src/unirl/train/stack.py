@@ -101,9 +101,18 @@ class TrainStack:
         self.backend.zero_grad()
         loss_sum = 0.0
         metrics: dict[str, float] = defaultdict(float)
+        streams = getattr(self.algorithm, "streams_backward", False)
         for i, (mb, w) in enumerate(zip(micro, weights)):
-            loss, m = self.algorithm.loss(mb, self.pipeline, totals)
-            self.backend.backward(loss, last_micro_batch=i == len(micro) - 1)
+            last = i == len(micro) - 1
+            if streams:  # the algorithm back-propagates term by term (one step's graph at a time)
+
+                def backward(term: torch.Tensor, final: bool, last: bool = last) -> None:
+                    self.backend.backward(term, last_micro_batch=last and final)
+
+                loss, m = self.algorithm.loss(mb, self.pipeline, totals, backward=backward)  # type: ignore[call-arg]
+            else:
+                loss, m = self.algorithm.loss(mb, self.pipeline, totals)
+                self.backend.backward(loss, last_micro_batch=last)
             loss_sum += float(loss.detach())
             for k, v in m.items():
                 metrics[k] += w * float(v)

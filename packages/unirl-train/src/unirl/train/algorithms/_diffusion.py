@@ -28,11 +28,24 @@ class StepGroup:
     slots: list[int]
 
 
-def group_by_step(segs: Sequence[LatentTrajectory]) -> list[StepGroup]:
-    """One group per distinct SDE step of the micro-batch, in increasing step order."""
+def trained_steps(num_sde_steps: int, fraction: float) -> int:
+    """How many of a Part's SDE steps are trained: ``int(n * fraction)`` (Flow-GRPO's
+    ``timestep_fraction``), at least 1 when the Part has any."""
+    if num_sde_steps == 0:
+        return 0
+    return max(1, min(num_sde_steps, int(num_sde_steps * fraction + 1e-9)))
+
+
+def group_by_step(segs: Sequence[LatentTrajectory], fraction: float = 1.0) -> list[StepGroup]:
+    """One group per distinct SDE step of the micro-batch, in increasing step order.
+
+    With ``fraction`` < 1 each Part contributes only its first ``trained_steps(n, fraction)`` SDE
+    steps (in ``sde_indices`` order), the same steps for every Part that shares its indices, so each
+    group replays one full micro-batch shape (the rollout's, which keeps the first-update ratio 1)."""
     by_step: dict[int, tuple[list[int], list[int]]] = {}
     for b, seg in enumerate(segs):
-        for k, j in enumerate(seg.sde_indices):
+        keep = trained_steps(len(seg.sde_indices), fraction)
+        for k, j in enumerate(seg.sde_indices[:keep]):
             rows, slots = by_step.setdefault(j, ([], []))
             rows.append(b)
             slots.append(k)

@@ -35,7 +35,13 @@ class BatchTotals:
 
 @runtime_checkable
 class StageAlgorithm(Protocol):
-    """The loss of one trainable stage (see the module docstring)."""
+    """The loss of one trainable stage (see the module docstring).
+
+    Optional: ``count(parts) -> (samples, tokens, steps)`` when the algorithm trains on a subset
+    of what the Parts hold; ``streams_backward = True`` when ``loss`` accepts
+    ``backward=f(term, is_last_term)`` and back-propagates term by term (bounded activation memory;
+    the gradient is the same as one backward of the sum).
+    """
 
     name: str
     needs_old_logprobs: bool

@@ -12,7 +12,7 @@ rollout used the matching strategy and offer ``sampling_overrides()`` for the sa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -51,6 +51,13 @@ class FlowGRPOConfig(AlgorithmConfigBase):
     )
     prepare_batch_size: int = Field(
         default=8, ge=1, description="Parts per no-grad replay when computing old means."
+    )
+    train_fraction: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description="train on the first int(n * train_fraction) of each Part's n SDE steps (Flow-GRPO's "
+        "timestep_fraction; e.g. 0.9 trains 9 of 10). 1.0 = every SDE step.",
     )
 
     expected_strategy: ClassVar[str | None] = None
@@ -109,6 +116,9 @@ class FlowGRPO:
     """Flow-GRPO StageAlgorithm (also DanceGRPO / MixGRPO through their configs)."""
 
     needs_old_logprobs = True
+    streams_backward = True
+    """``loss(..., backward=f)`` back-propagates each denoising step's term as soon as it is built,
+    so a micro-batch holds one step's graph at a time (not ``len(sde_indices)`` of them)."""
 
     def __init__(self, config: FlowGRPOConfig) -> None:
         self.config = config
@@ -134,16 +144,31 @@ class FlowGRPO:
                 parts, pipeline, cfg.prepare_batch_size, self.name, recompute=cfg.recompute_old_means
             )
 
+    def count(self, parts: Sequence[Part]) -> tuple[int, int, int]:
+        """(Parts, trained steps, trained steps): the BatchTotals counts under ``train_fraction``."""
+        segs = D.check_trainable(parts, self.name, needs_log_probs=True)
+        steps = sum(D.trained_steps(len(s.sde_indices), self.config.train_fraction) for s in segs)
+        return len(parts), steps, steps
+
     def loss(
-        self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals
+        self,
+        parts: Sequence[Part],
+        pipeline: Any,
+        totals: BatchTotals,
+        backward: Callable[[Tensor, bool], None] | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
+        """This micro-batch's share of the loss. With ``backward``, each step's term is passed to
+        ``backward(term, is_last_term)`` right away and the returned loss is detached."""
         cfg = self.config
         segs = D.check_trainable(parts, self.name, needs_log_probs=True)
         require(totals.num_steps > 0, f"{self.name}: BatchTotals.num_steps is 0; no SDE step to train on")
+        groups = D.group_by_step(segs, cfg.train_fraction)
+        if not groups:
+            raise ValueError(f"{self.name}: no part in this micro-batch has an SDE step to train on")
         total: Tensor | None = None
         log_ratios, ratios, kls = [], [], []
         metrics: dict[str, float] = {}
-        for g in D.group_by_step(segs):
+        for i, g in enumerate(groups):
             sub = [parts[b] for b in g.rows]
             rep = pipeline.replay_step(sub, g.step)
             logp = D.checked_log_prob(rep, sub, g.step, self.name).float()
@@ -160,17 +185,19 @@ class FlowGRPO:
                 kl = gaussian_mean_kl(rep.mean, ref_mean, rep.std.detach())
                 per = per + cfg.kl_coef * kl
                 kls.append(kl.detach())
-            total = per.sum() if total is None else total + per.sum()
+            term = per.sum() / totals.num_steps
+            if backward is not None:
+                backward(term, i == len(groups) - 1)
+                term = term.detach()
+            total = term if total is None else total + term
             log_ratios.append(log_ratio.detach())
             ratios.append(ratio.detach())
             metrics[f"log_ratio_step_{g.step}"] = log_ratio.detach().mean().item()
-        if total is None:
-            raise ValueError(f"{self.name}: no part in this micro-batch has an SDE step to train on")
-        loss = total / totals.num_steps
+        assert total is not None
         r, lr = torch.cat(ratios), torch.cat(log_ratios)
         metrics.update(ratio_stats(r))
         metrics["clip_frac"] = clip_fraction(r, cfg.clip_range, cfg.clip_range).item()
         metrics["approx_kl"] = approx_kl(lr).item()
         if kls:
             metrics["kl"] = torch.cat(kls).mean().item()
-        return loss, metrics
+        return total, metrics
