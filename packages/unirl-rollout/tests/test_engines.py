@@ -96,6 +96,19 @@ def test_trainside_stamps_version_restores_mode_and_has_no_grad(sd3_bundle) -> N
     sd3_bundle.transformer.eval()
 
 
+def test_trainside_can_sample_in_training_mode(sd3_bundle) -> None:  # type: ignore[no-untyped-def]
+    modes: list[bool] = []
+    hook = sd3_bundle.transformer.register_forward_hook(lambda m, *a: modes.append(m.training))
+    engine = TrainsideEngine(FlowMatchPipeline(sd3_bundle, default_params=tiny_params()), eval_mode=False)
+    sd3_bundle.transformer.train()
+    try:
+        engine.generate(samples(1), rollout_step=0)
+    finally:
+        hook.remove()
+        sd3_bundle.transformer.eval()
+    assert modes and all(modes)  # sampled with the training-mode module (a compiled graph's guard)
+
+
 def test_trainside_version_and_sleep_rules(sd3_bundle) -> None:  # type: ignore[no-untyped-def]
     engine = TrainsideEngine(FlowMatchPipeline(sd3_bundle, default_params=tiny_params()), weight_version=2)
     engine.set_weight_version(3)

@@ -263,3 +263,23 @@ def test_dynamic_shift_pins_the_sd3_pipeline_schedule(sd3_bundle) -> None:  # ty
     sched.set_timesteps(6, mu=calculate_shift(sd3_bundle.image_seq_len(16, 16)))
     assert p.sigmas == sched.sigmas.tolist()
     assert pin_sigmas(p, sd3_bundle) is p  # an already pinned (echoed) schedule is kept as is
+
+
+def test_rollout_autograd_samples_the_same_and_keeps_no_graph(sd3_bundle) -> None:  # type: ignore[no-untyped-def]
+    """The compiled-model parity mode records autograd in rollout forwards: same samples, same
+    log-probs, nothing left requiring grad, and the forwards really ran with grad enabled."""
+    seen: list[bool] = []
+    hook = sd3_bundle.transformer.register_forward_hook(lambda *a: seen.append(torch.is_grad_enabled()))
+    try:
+        plain = FlowMatchPipeline(sd3_bundle, default_params=params()).generate(make_samples(), rollout_step=0)
+        n_plain = len(seen)
+        grad = FlowMatchPipeline(sd3_bundle, default_params=params(), rollout_autograd=True).generate(
+            make_samples(), rollout_step=0
+        )
+    finally:
+        hook.remove()
+    assert not any(seen[:n_plain]) and all(seen[n_plain:]) and len(seen) == 2 * n_plain
+    for a, b in zip(plain, grad):
+        sa, sb = a.part("diffusion").segment, b.part("diffusion").segment
+        assert torch.equal(sa.latents, sb.latents) and torch.equal(sa.log_probs, sb.log_probs)
+        assert not sb.latents.requires_grad and not sb.log_probs.requires_grad

@@ -23,6 +23,7 @@ from torch import nn
 
 from unirl.rollout.ar.bundle import CausalLMBundle
 from unirl.rollout.ar.decode import decode
+from unirl.rollout.ar.decode_static import decode_static
 from unirl.rollout.ar.replay import TokenReplay, replay_token_logprobs
 from unirl.rollout.ar.sampling import derive_seed, draw_uniforms
 from unirl.rollout.ar.segments import ar_params, loss_mask, text_segment
@@ -49,6 +50,12 @@ class ARPipeline:
         lockstep_group: for sharded trainside sampling (FSDP): a process group, or ``"world"``,
             whose ranks run the same number of decode forwards (see ``decode``). Each rank must
             then pass the same number of samples with the same sampling params per call.
+        decoder: ``"dynamic"`` (growing KV cache, any model), ``"static"`` (pre-allocated cache,
+            fixed-shape step) or ``"graph"`` (static, with the step replayed as a CUDA graph on
+            CUDA: the fast path for launch-bound batch decoding; see ``decode_static``). All three
+            draw the same tokens from the same uniforms.
+        kv_bucket: static decoders: attention reads the filled KV cache rounded up to a multiple
+            of this many slots, one CUDA graph per bucket (0: the whole cache, one graph).
     """
 
     def __init__(
@@ -63,7 +70,14 @@ class ARPipeline:
         max_batch_size: int | None = None,
         sync_every: int = 16,
         lockstep_group: Any = None,
+        decoder: Literal["dynamic", "static", "graph"] = "dynamic",
+        kv_bucket: int = 64,
     ) -> None:
+        if decoder != "dynamic" and lockstep_group is not None:
+            raise ValueError(
+                f"decoder={decoder!r} cannot run lockstep (sharded) sampling; use decoder='dynamic' "
+                "with lockstep_group"
+            )
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size} must be >= 1 (or None for no limit)")
         if "{prompt}" not in prompt_template:
@@ -81,6 +95,8 @@ class ARPipeline:
         self.max_batch_size = max_batch_size
         self.sync_every = sync_every
         self.lockstep_group = lockstep_group
+        self.decoder = decoder
+        self.kv_bucket = kv_bucket
 
     @property
     def model(self) -> nn.Module:
@@ -93,8 +109,8 @@ class ARPipeline:
         groups: dict[str, tuple[ARSamplingParams, list[_Job]]] = {}
         for s in samples:
             part = s.ensure_part(self.stage, self.parent)
-            params = self._effective_params(ar_params(part, self.params))
-            groups.setdefault(params.model_dump_json(), (params, []))[1].append((s, part, self._encode(s)))
+            params = self.effective_params(ar_params(part, self.params))
+            groups.setdefault(params.model_dump_json(), (params, []))[1].append((s, part, self.prompt_ids(s)))
         model = self.bundle.model
         was_training = model.training
         model.eval()
@@ -107,13 +123,15 @@ class ARPipeline:
             model.train(was_training)
         return samples
 
-    def _effective_params(self, params: ARSamplingParams) -> ARSamplingParams:
+    def effective_params(self, params: ARSamplingParams) -> ARSamplingParams:
+        """``params`` with the EOS ids added to ``stop_token_ids`` when ``stop_at_eos``."""
         if not self.stop_at_eos:
             return params
         ids = list(dict.fromkeys([*params.stop_token_ids, *self.bundle.eos_token_ids]))
         return params if ids == params.stop_token_ids else params.model_copy(update={"stop_token_ids": ids})
 
-    def _encode(self, sample: Sample) -> list[int]:
+    def prompt_ids(self, sample: Sample) -> list[int]:
+        """The prompt token ids of ``sample`` (template + tokenizer); ValueError if empty or too long."""
         text = sample.part(self.parent).text if self.parent is not None else sample.prompt
         if not text:
             raise ValueError(
@@ -141,9 +159,7 @@ class ARPipeline:
         def has_stop(ids: list[int]) -> bool:
             return first_stop(decode_text(ids), stops) is not None
 
-        out = decode(
-            self.bundle.model,
-            prompts,
+        common: dict[str, Any] = dict(
             uniforms_BN=draw_uniforms(seeds, max(limits)),
             limits=limits,
             temperature=params.temperature,
@@ -153,8 +169,18 @@ class ARPipeline:
             pad_token_id=self.bundle.pad_token_id,
             stop_check=has_stop if stops else None,
             sync_every=self.sync_every,
-            lockstep_group=self.lockstep_group,
         )
+        if self.decoder == "dynamic":
+            out = decode(self.bundle.model, prompts, lockstep_group=self.lockstep_group, **common)
+        else:
+            out = decode_static(
+                self.bundle.model,
+                prompts,
+                graph=self.decoder == "graph",
+                pad_prompt_to=16,
+                kv_bucket=self.kv_bucket,
+                **common,
+            )
         for b, (_, part, prompt_ids) in enumerate(jobs):
             n = int(out.lengths[b])
             response = out.tokens[b, :n].tolist()

@@ -23,6 +23,9 @@ class TrainsideEngine:
             read at each ``generate`` (e.g. the backend's optimizer-step counter).
         offload_frozen: on ``sleep`` move the bundle's frozen modules to CPU, back on ``wake_up``
             (only for pipelines with a ``bundle`` exposing ``frozen_modules()`` and ``device``).
+        eval_mode: sample with the trainable modules in eval mode (restored afterwards). False
+            keeps the training mode, e.g. so a compiled module reuses its training graph (the
+            mode is part of what a compiled graph is specialised on).
     """
 
     def __init__(
@@ -31,8 +34,10 @@ class TrainsideEngine:
         *,
         weight_version: int | Callable[[], int] = 0,
         offload_frozen: bool = False,
+        eval_mode: bool = True,
     ) -> None:
         self.pipeline = pipeline
+        self.eval_mode = eval_mode
         self._version = weight_version
         self.offload_frozen = offload_frozen
         self.asleep = False
@@ -66,7 +71,7 @@ class TrainsideEngine:
         if self.asleep:
             raise RuntimeError("TrainsideEngine.generate called while asleep; call wake_up() first")
         version = self.weight_version
-        mods = self._trainable()
+        mods = self._trainable() if self.eval_mode else []
         was_training = [m.training for m in mods]
         for m in mods:
             m.eval()

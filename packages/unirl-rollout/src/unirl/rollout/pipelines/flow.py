@@ -14,6 +14,7 @@ sigmas, eta, guidance scale and negative prompt:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -74,6 +75,11 @@ class FlowMatchPipeline:
         prompt_part: take the prompt from this earlier Part's text (prompt enhancer), not the Sample's input.
         max_batch_size: largest batch per forward (CFG doubles it); None = all samples at once.
         record_old_means: store the rollout Gaussian means (FlowDPPO needs them).
+        rollout_autograd: run the rollout's model forwards with autograd recording (outputs
+            detached, nothing back-propagated). A compiled model then runs the same kernels in
+            rollout as in training replay (an inference-mode graph is compiled and fused
+            differently), which keeps the first-update ratio exactly 1 in bf16; eager models
+            need no such help. Costs the forward's saved activations, freed after each step.
     """
 
     def __init__(
@@ -85,6 +91,7 @@ class FlowMatchPipeline:
         prompt_part: str | None = None,
         max_batch_size: int | None = None,
         record_old_means: bool = False,
+        rollout_autograd: bool = False,
     ) -> None:
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
@@ -94,6 +101,7 @@ class FlowMatchPipeline:
         self.prompt_part = prompt_part
         self.max_batch_size = max_batch_size
         self.record_old_means = record_old_means
+        self.rollout_autograd = rollout_autograd
         self._negative_cache: dict[str, Conditions] = {}
 
     # ---- rollout ------------------------------------------------------------------------------
@@ -185,7 +193,8 @@ class FlowMatchPipeline:
         for j in range(params.num_steps):
             if j in keep:
                 stored[j] = x.cpu()
-            v = self._forward(x, sigmas[:, j], pos, neg, params.guidance_scale)
+            with torch.enable_grad() if self.rollout_autograd else contextlib.nullcontext():
+                v = self._forward(x, sigmas[:, j], pos, neg, params.guidance_scale).detach()
             if j in sde_set:
                 z = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in step_gens])
                 res: StepResult = strategy.step(x, v, sigmas, j, params.eta, noise=z.to(x.device))

@@ -1,0 +1,270 @@
+"""The static-shape decode loop: a pre-allocated KV cache and one fixed-shape step, replayable
+as a CUDA graph.
+
+Batch-64 decoding of a small model is launch-bound: each token costs hundreds of small kernel
+launches and some Python per layer, far more than its arithmetic. This loop keeps every shape
+fixed for the whole call, so the decode step (model forward at one position, the token draw,
+and the bookkeeping of tokens / log-probs / lengths / finished flags) can be captured once as a
+``torch.cuda.CUDAGraph`` and replayed per token with a single launch.
+
+It follows ``decode``'s semantics exactly: the same left-padded prefill, the same per-row
+uniforms, the same sampling function and log-prob convention, the same stop rules; the two
+loops agree token for token in fp32 (tests/test_ar_decode_static.py). What makes the step
+static:
+
+- ``transformers.StaticCache`` (cache length ``P + N``) advances its own device-side length, so
+  the captured step writes each token's keys and values at the right slot.
+- The 4D attention mask ``[B, 1, 1, P + N]`` is built inside the step from the step index held
+  in a device tensor (keys up to the current position, minus each row's left padding) and
+  passed to the model as a prepared mask, so no host-side mask logic runs per token.
+- The step index, the uniforms of that step and the fed-back token live in device buffers that
+  the host updates in place before each replay.
+- Attention reads only the filled part of the cache, rounded up to a bucket of ``kv_bucket``
+  slots (one graph per bucket; the slots cut off are masked anyway, so results do not change),
+  and a one-token query of a grouped-query model attends as ``[B, kv_heads, q_per_kv, D]``
+  against the un-repeated keys and values (transformers' SDPA path copies every KV head
+  ``q_per_kv`` times per layer and step when a mask is given).
+
+The host still syncs every ``sync_every`` steps (all rows finished? stop strings?), never per
+token. Without CUDA (or with ``graph=False``) the same step runs eagerly, which is how CPU tests
+exercise every line but the capture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+from transformers import StaticCache
+
+from unirl.rollout.ar.decode import DecodeOutput, _mark_stop_strings, cache_kwarg, left_pad
+from unirl.rollout.ar.sampling import sample_next_token
+
+__all__ = ["decode_static"]
+
+ATTENTION = "unirl_static_decode"
+_KV_LEN: list[int] = [0]  # the cache slots attention reads in the step being built (a bucket)
+
+
+def _decode_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: object,
+) -> tuple[Tensor, None]:
+    """Attention of one new token over the first ``_KV_LEN[0]`` cache slots, grouped-query aware.
+
+    ``query [B, H, 1, D]`` is viewed as ``[B, KV, H / KV, D]`` (query head h uses KV head
+    h // (H / KV), as ``repeat_kv`` pairs them), so no KV head is copied. Returns ``[B, 1, H, D]``.
+    """
+    B, H, q_len, D = query.shape
+    kv_heads, n = key.shape[1], _KV_LEN[0] or key.shape[2]
+    if q_len != 1 or H % kv_heads:
+        raise ValueError(
+            f"{ATTENTION} handles one-token decode steps only; got q_len={q_len}, heads={H}/{kv_heads}"
+        )
+    mask = None if attention_mask is None else attention_mask[..., :n]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(B, kv_heads, H // kv_heads, D), key[:, :, :n], value[:, :, :n],
+        attn_mask=mask, dropout_p=0.0, scale=scaling,
+    )  # fmt: skip
+    return out.reshape(B, H, 1, D).transpose(1, 2).contiguous(), None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, _decode_attention)
+
+
+class _State:
+    """Device buffers of one decode call (fixed addresses: a captured graph reads and writes them)."""
+
+    def __init__(self, B: int, P: int, N: int, device: torch.device, pad_token_id: int) -> None:
+        self.tokens_BN = torch.full((B, N), pad_token_id, dtype=torch.long, device=device)
+        self.logp_BN = torch.zeros((B, N), dtype=torch.float32, device=device)
+        self.lengths_B = torch.zeros(B, dtype=torch.long, device=device)
+        self.stopped_B = torch.zeros(B, dtype=torch.bool, device=device)
+        self.finished_B = torch.zeros(B, dtype=torch.bool, device=device)
+        self.tok_B1 = torch.full((B, 1), pad_token_id, dtype=torch.long, device=device)
+        self.t = torch.zeros(1, dtype=torch.long, device=device)  # the step being sampled
+
+
+def _record(
+    st: _State,
+    logits_BV: Tensor,
+    u_BN: Tensor,
+    limits_B: Tensor,
+    stop_ids: Tensor,
+    pad: Tensor,
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+) -> None:
+    """Draw step ``st.t``'s token from ``logits_BV`` and record it (all tensor ops, no host sync)."""
+    u_B = u_BN.index_select(1, st.t).squeeze(1)
+    tok_B, lp_B = sample_next_token(logits_BV, u_B, temperature=temperature, top_k=top_k, top_p=top_p)
+    active_B = ~st.finished_B
+    tok_B = torch.where(active_B, tok_B, pad)
+    st.tokens_BN.index_copy_(1, st.t, tok_B[:, None])
+    st.logp_BN.index_copy_(1, st.t, torch.where(active_B, lp_B, torch.zeros_like(lp_B))[:, None])
+    st.lengths_B.add_(active_B.long())
+    hit_B = active_B & torch.isin(tok_B, stop_ids)
+    st.stopped_B.logical_or_(hit_B)
+    st.finished_B.logical_or_(hit_B | (st.lengths_B >= limits_B))
+    st.tok_B1.copy_(tok_B[:, None])
+
+
+@torch.no_grad()
+def decode_static(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    uniforms_BN: Tensor,
+    limits: Sequence[int],
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    stop_token_ids: Sequence[int],
+    pad_token_id: int,
+    stop_check: Callable[[list[int]], bool] | None = None,
+    sync_every: int = 16,
+    graph: bool = True,
+    pad_prompt_to: int = 1,
+    kv_bucket: int = 64,
+) -> DecodeOutput:
+    """``decode`` with a static KV cache; on CUDA with ``graph`` the step is a replayed CUDA graph.
+
+    Args are ``decode``'s, plus ``graph`` (capture the step; ignored off CUDA) and
+    ``pad_prompt_to`` (left-pad the prompt block to a multiple of this, so calls with
+    slightly different prompt lengths share cache shapes) and ``kv_bucket`` (attention reads the
+    filled cache rounded up to a multiple of this; 0 reads all of it, one graph). Not for sharded (FSDP lockstep) sampling:
+    use ``decode`` there.
+    """
+    device = next(model.parameters()).device
+    B, N = len(prompts), max(limits)
+    ids_BP, mask_BP = left_pad(prompts, pad_token_id, device)
+    extra = (-ids_BP.shape[1]) % pad_prompt_to
+    if extra:
+        ids_BP = torch.nn.functional.pad(ids_BP, (extra, 0), value=pad_token_id)
+        mask_BP = torch.nn.functional.pad(mask_BP, (extra, 0), value=0)
+    P = ids_BP.shape[1]
+    L = P + N
+    u_BN = uniforms_BN.to(device, torch.float32)[:, :N].contiguous()
+    limits_B = torch.tensor(list(limits), dtype=torch.long, device=device)
+    stop_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long, device=device)
+    pad = torch.tensor(pad_token_id, dtype=torch.long, device=device)
+    keep_L = torch.cat([mask_BP.bool(), torch.ones(B, N, dtype=torch.bool, device=device)], dim=1)
+    kv_idx_L = torch.arange(L, device=device)
+    pos_B = mask_BP.sum(-1)  # position id of the first response token
+
+    kw = cache_kwarg(model)
+    _check_model(model)
+    cache = StaticCache(config=model.config, max_cache_len=L)
+    st = _State(B, P, N, device, pad_token_id)
+    sample = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    out = model(
+        input_ids=ids_BP, attention_mask=mask_BP, position_ids=(mask_BP.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True, logits_to_keep=1, **{kw: cache},
+    )  # fmt: skip
+    _record(st, out.logits[:, -1], u_BN, limits_B, stop_ids, pad, **sample)  # step 0
+
+    def step() -> None:
+        """Feed token t-1 (at cache slot P + t - 1), sample token t."""
+        prev = st.t - 1
+        mask_B11L = (keep_L & (kv_idx_L <= P + prev))[:, None, None, :]
+        logits = model(
+            input_ids=st.tok_B1, attention_mask={"full_attention": mask_B11L},
+            position_ids=(pos_B + prev)[:, None], use_cache=True, **{kw: cache},
+        ).logits[:, -1]  # fmt: skip
+        _record(st, logits, u_BN, limits_B, stop_ids, pad, **sample)
+
+    use_graph = graph and device.type == "cuda"
+    runs: dict[int, Callable[[], None]] = {}
+    pool = torch.cuda.graph_pool_handle() if use_graph else None
+
+    def runner(kv_len: int) -> Callable[[], None]:
+        """The step reading ``kv_len`` cache slots: captured once per bucket, or eager."""
+        if kv_len not in runs:
+
+            def bucket_step() -> None:
+                _KV_LEN[0] = kv_len
+                step()
+
+            runs[kv_len] = _capture(bucket_step, st, cache, pool) if use_graph else bucket_step
+        return runs[kv_len]
+
+    _register_attention()
+    saved_impl, model.config._attn_implementation = model.config._attn_implementation, ATTENTION
+    steps = 1
+    try:
+        for t in range(1, N):
+            if steps % sync_every == 0:
+                if stop_check is not None:
+                    _mark_stop_strings(st.tokens_BN[:, :steps], st.lengths_B, st.finished_B, stop_check)
+                if bool(st.finished_B.all()):
+                    break
+            st.t.fill_(t)
+            runner(min(L, -(-(P + t) // kv_bucket) * kv_bucket) if kv_bucket > 0 else L)()
+            steps = t + 1
+    finally:
+        model.config._attn_implementation = saved_impl
+        _KV_LEN[0] = 0
+    return DecodeOutput(
+        tokens=st.tokens_BN[:, :steps].cpu(),
+        logprobs=st.logp_BN[:, :steps].cpu(),
+        lengths=st.lengths_B.cpu(),
+        stopped=st.stopped_B.cpu(),
+    )
+
+
+def _check_model(model: nn.Module) -> None:
+    """Only full-attention models: a sliding-window layer would need its own prepared mask."""
+    kinds = set(getattr(model.config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        raise NotImplementedError(
+            f"decode_static supports full-attention models only; this one has layer types {sorted(kinds)}. "
+            "Use the dynamic decoder (decoder='dynamic')"
+        )
+
+
+def _cache_lengths(cache: StaticCache) -> list[Tensor]:
+    """The per-layer device-side fill counters of a StaticCache (advanced in place by each write)."""
+    out = [layer.cumulative_length for layer in cache.layers]
+    if not all(isinstance(x, Tensor) for x in out):
+        raise RuntimeError(
+            "this transformers version keeps StaticCache lengths on the host; a CUDA graph cannot "
+            "replay its writes. Use decode_static(graph=False) or a transformers release whose "
+            "StaticLayer.cumulative_length is a tensor"
+        )
+    return out
+
+
+def _capture(step: Callable[[], None], st: _State, cache: StaticCache, pool: object) -> Callable[[], None]:
+    """Capture ``step`` as a CUDA graph; the warm-up and capture runs leave no trace in the state."""
+    lengths = _cache_lengths(cache)
+    saved_len = [x.clone() for x in lengths]
+    saved = {k: v.clone() for k, v in vars(st).items()}
+    st.t.fill_(1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(1):  # warm-up: lazy inits and allocator pools outside the capture
+            step()
+            for x, s in zip(lengths, saved_len):
+                x.copy_(s)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool):
+        step()
+    for x, s in zip(lengths, saved_len):
+        x.copy_(s)
+    for k, v in saved.items():
+        getattr(st, k).copy_(v)
+    return g.replay
