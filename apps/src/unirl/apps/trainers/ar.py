@@ -1,22 +1,28 @@
 """ARTrainer: the causal-LM domain of the shared lifecycle (see base.py).
 
 SFT is token cross-entropy on (prompt, answer) pairs; RL samples with the trainside ARPipeline
-(KV-cached decode recording the log-probs of the distribution sampled from), scores the text with
+(KV-cached decode recording the log-probs of the distribution sampled from) or, with
+``rollout.engine.kind: vllm``, a dedicated vLLM engine that receives the trained weights after
+every optimizer step (verified: checksum, canary, per-rollout log-prob parity), scores the text with
 the reward service (exact match / math verification) and trains the configured GRPO-family
-algorithm. Evaluation reports accuracy@k on held-out prompts.
+algorithm. Evaluation reports accuracy (per sample) and pass@k (per prompt) on held-out prompts.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
+from unirl.apps.loop import StopFlag
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.ar_config import Recipe
 from unirl.apps.trainers.base import Trainer, run_trainer
 from unirl.reward.service import RewardService
 from unirl.rollout.ar import ARPipeline
 from unirl.rollout.engines import TrainsideEngine
+from unirl.rollout.engines.guards import check_weight_stamp, weight_stamp
+from unirl.rollout.engines.weights import materialize
 from unirl.types import Part, Sample, TextPrimitive, TextSegment
 
 __all__ = ["ARTrainer", "Recipe", "run"]
@@ -33,8 +39,9 @@ class ARTrainer(Trainer):
         self.pipeline = ARPipeline(
             self.bundle, recipe.sampling, stage=self.stage, prompt_template=recipe.prompt_template
         )
+        engine_dir = self._engine_model_dir(recipe)  # before the backend shards / wraps the model
         self.backend = recipe.backend.build(self.bundle.model, device=self.device)
-        self.engine = TrainsideEngine(self.pipeline, weight_version=lambda: self.backend.global_step)
+        self.engine = self._build_engine(recipe, engine_dir)
         self.reward = RewardService.local(recipe.reward)
         alg = recipe.rl.algorithm if recipe.rl else None
         self.algorithm = alg.build() if alg is not None else None
@@ -42,6 +49,61 @@ class ARTrainer(Trainer):
             from unirl.train.algorithms import ContextReference
 
             self.algorithm.set_reference(ContextReference(self.pipeline, self.backend.reference_weights))
+
+    # ---- the rollout engine (trainside or dedicated) -----------------------------------------
+    def _engine_model_dir(self, recipe: Recipe) -> Path | None:
+        """Where a dedicated engine loads its initial weights: the model's own local directory,
+        else (built in code, GGUF, 'pkg:') the trainer's initial weights saved into the run."""
+        if recipe.rollout.engine.kind == "trainside":
+            return None
+        path = recipe.model.path
+        if path and recipe.model.gguf_file is None and (Path(path) / "config.json").is_file():
+            return Path(path)
+        return self.bundle.save_pretrained(self.run.root / "engine_init")
+
+    def _build_engine(self, recipe: Recipe, model_dir: Path | None) -> Any:
+        cfg = recipe.rollout.engine
+        if cfg.kind == "trainside":
+            return TrainsideEngine(self.pipeline, weight_version=lambda: self.backend.global_step)
+        return cfg.build(
+            self.pipeline,
+            model_dir,
+            reference=self.pipeline.bundle.model,
+            weight_version=self.backend.global_step,
+        )
+
+    def sync_engine(self) -> dict[str, float]:
+        """Push the trained weights to a dedicated engine when it is behind (no-op for trainside)."""
+        engine = self.engine
+        version = self.backend.global_step
+        if not hasattr(engine, "update_weights") or version <= engine.weight_version:
+            return {}
+        t0 = time.time()
+        items = materialize(self.backend.full_state_dict().items())
+        stamp = weight_stamp(items, version)
+        check_weight_stamp(engine.update_weights(items, stamp), stamp, "rollout engine")
+        return {"weight_sync/seconds": time.time() - t0, "weight_sync/version": float(version)}
+
+    def after_train_step(self) -> dict[str, float]:
+        m = self.sync_engine()
+        metrics = getattr(self.engine, "metrics", None)
+        return m | (metrics() if callable(metrics) else {})
+
+    def after_phase(self, name: str) -> None:
+        self.sync_engine()  # e.g. after SFT: evaluation and RL sample from the SFT weights
+
+    def resume(self) -> bool:
+        resumed = super().resume()
+        self.sync_engine()
+        return resumed
+
+    def run_all(self, mode: str, stop: StopFlag) -> None:
+        try:
+            super().run_all(mode, stop)
+        finally:
+            close = getattr(self.engine, "close", None)
+            if callable(close):
+                close()
 
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:
         if not hasattr(self.data, "sft_pairs"):

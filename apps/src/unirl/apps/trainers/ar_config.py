@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from unirl.apps.data import PromptListConfig
 from unirl.apps.trainers.phases import RLPhase, RunSettings, SFTPhaseBase
@@ -12,6 +12,7 @@ from unirl.apps.worlds.arithmetic_source import ArithmeticDataConfig
 from unirl.apps.worlds.word_problems_source import WordProblemsDataConfig
 from unirl.reward.config import ServiceConfig
 from unirl.rollout.ar.config import CausalLMConfig
+from unirl.rollout.engines.vllm_config import VLLMEngineConfig
 from unirl.train.algorithms import TokenSFTConfig
 from unirl.train.backends.fsdp import FSDPConfig
 from unirl.types import ARSamplingParams
@@ -19,6 +20,23 @@ from unirl.types import ARSamplingParams
 DataConfig = Annotated[
     PromptListConfig | ArithmeticDataConfig | WordProblemsDataConfig, Field(discriminator="kind")
 ]
+
+
+class TrainsideEngineConfig(BaseModel):
+    """Sample with the training module itself (no weight sync)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["trainside"] = "trainside"
+
+
+EngineConfig = Annotated[TrainsideEngineConfig | VLLMEngineConfig, Field(discriminator="kind")]
+
+
+class ARRolloutConfig(BaseModel):
+    """Who samples the RL rollouts and evaluations: ``engine.kind`` trainside | vllm."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    engine: EngineConfig = Field(default_factory=TrainsideEngineConfig)
 
 
 class ARSFTPhase(SFTPhaseBase):
@@ -41,3 +59,15 @@ class Recipe(RunSettings):
     reward: ServiceConfig
     sft: ARSFTPhase | None = None
     rl: RLPhase | None = None
+    rollout: ARRolloutConfig = Field(
+        default_factory=ARRolloutConfig, description="rollout engine (trainside: the training module itself)"
+    )
+
+    @model_validator(mode="after")
+    def _dedicated_engine(self) -> Recipe:
+        if self.rollout.engine.kind == "vllm" and self.backend.lora is not None:
+            raise ValueError(
+                "rollout.engine.kind='vllm' with backend.lora is not supported yet (the engine loads "
+                "merged full weights under the model's own names); drop backend.lora or use kind='trainside'"
+            )
+        return self
