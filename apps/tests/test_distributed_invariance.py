@@ -4,7 +4,8 @@ The same global batch of 8 AR Parts (tiny arithmetic recipe, rollouts sampled on
 process, rewards 0/1/2 so the GRPO advantages are non-zero) is trained for two steps by one train
 worker and by two (each rank gets 4 Parts). Losses are divided by rank-summed totals and FSDP2
 sums gradients, so the two runs must agree to float rounding; the parameters must also have moved
-(a run that trains nothing would pass trivially).
+(a run that trains nothing would pass trivially). Run with full fine-tuning and with LoRA
+adapters (compared unmerged: the adapters themselves, B starting at zero).
 """
 
 from __future__ import annotations
@@ -98,16 +99,24 @@ def train_two_steps(
         call_timeout_s=300,
     )
     try:
-        init = remote.call_all(TrainWorker.full_state_dict)[0]
+        init = remote.call_all(TrainWorker.full_state_dict, merge_lora=False)[0]
         remote.call_all(TrainWorker.begin, "rl")
         losses = [remote.call_dp(TrainWorker.train_on, split_dp(b, dp))[0]["loss"] for b in batches]
-        return {"init": init, "final": remote.call_all(TrainWorker.full_state_dict)[0], "losses": losses}
+        return {
+            "init": init,
+            "final": remote.call_all(TrainWorker.full_state_dict, merge_lora=False)[0],
+            "losses": losses,
+        }
     finally:
         remote.shutdown()
 
 
-def test_world_size_two_matches_one(ray_cluster: Any) -> None:
-    recipe = tiny_recipe()
+LORA = ["backend.lora.r=4", "backend.lora.alpha=8", "backend.lora.target_modules=[q_proj,v_proj]"]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_world_size_two_matches_one(ray_cluster: Any, lora: bool) -> None:
+    recipe = tiny_recipe(*(LORA if lora else []))
     batches = rl_batches(recipe, 2)
     # rewards 0,1,2,0 | 1,2,0,1: the two 1s of group 2 sit at its mean (advantage 0), the rest do not
     assert [bool(p.advantage) for p in batches[0]] == [True] * 4 + [False, True, True, False]

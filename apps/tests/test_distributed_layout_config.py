@@ -54,3 +54,20 @@ def test_batch_must_split_over_train_workers() -> None:
         check_layout(
             recipe("sft.batch_size=127", "rl.geometry.micro_batch_size=64"), LayoutConfig(train_workers=2)
         )
+
+
+def test_readme_layout_example_is_valid() -> None:
+    """The README's layout block validates, and its command's batch split passes check_layout."""
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = yaml.safe_load(text.split("## Layouts")[1].split("```yaml")[1].split("```")[0])
+    r = recipe(
+        *(f"layout.{k}={v}".lower() for k, v in block["layout"].items()),
+        f"checkpoint_format={block['checkpoint_format']}",
+        "rl.geometry.micro_batch_size=64",  # as the README's command line
+    )
+    assert (r.layout.kind, r.layout.train_workers, r.checkpoint_format) == ("ray", 2, "sharded")
+    check_layout(r, r.layout)

@@ -134,3 +134,62 @@ def test_diffusion_recipe_on_two_train_workers(ray_cluster: Any, tmp_path: Path)
     assert (
         json.loads((tmp_path / "run" / "checkpoints" / "latest" / "meta.json").read_text())["world_size"] == 2
     )
+
+
+LORA = ["backend.lora.r=4", "backend.lora.alpha=8", "backend.lora.target_modules=[q_proj,v_proj]"]
+
+
+def test_lora_colocate_ships_base_once_then_adapters_only(ray_cluster: Any, tmp_path: Path) -> None:
+    recipe = tiny_recipe(*LORA, "layout.placement=colocate", "layout.sync=buckets")
+    rd = RunDir(tmp_path / "run", recipe.model_dump(mode="json"), tensorboard=False)
+    driver = DistributedRL(recipe, rd, ARTrainer, recipe.layout)
+    try:
+        stop = StopFlag()
+        driver.sft(stop)  # 2 optimizer steps on the adapters, then the first sync (v2: everything)
+        driver.rl(stop)  # 2 RL steps, each followed by an adapter-only sync
+        checks = driver.sync_checks
+        assert [(c["version"], c["scope"]) for c in checks] == [(2, "all"), (3, "adapters"), (4, "adapters")]
+        want = driver.train.call_all(TrainWorker.full_state_dict, merge_lora=False)[0]
+        adapters = sorted(k for k in want if "lora_" in k)
+        assert len(adapters) == 4  # 1 layer x (q_proj, v_proj) x (A, B)
+        assert checks[0]["tensors"] > len(adapters)  # base weights too
+        assert [c["tensors"] for c in checks[1:]] == [len(adapters)] * 2
+        for c in checks:  # the rollout copy's live weights (base + adapters) == the trainer's
+            assert c["rollout"] == [c["trainer"]]
+        assert len({c["trainer"] for c in checks}) == 3  # each sync carried new adapter values
+        got = driver.rollout_remote.call_rank0(RolloutWorker.state_dict)
+        assert set(got) == set(want)
+        for k, v in want.items():
+            assert torch.equal(got[k], v), k
+        # peft inits lora_B to zero: non-zero now means the trained adapters reached the rollout copy
+        assert all(got[k].abs().max() > 0 for k in adapters if "lora_B" in k)
+    finally:
+        driver.shutdown()
+        rd.close()
+
+
+def test_lora_separate_broadcast_with_sharded_checkpoint(ray_cluster: Any, tmp_path: Path) -> None:
+    recipe = tiny_recipe(
+        *LORA,
+        "layout.placement=separate",
+        "layout.sync=broadcast",
+        "checkpoint_format=sharded",
+        "sft.steps=1",
+    )
+    assert run(recipe, tmp_path / "run", recipe_name="arithmetic_grpo") == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if r["phase"] == "rl"]
+    assert [r["weight_version"] for r in rl] == [2.0, 3.0]
+    assert all(r["weights_verified"] == 1.0 and r["weight_sync_tensors"] == 4.0 for r in rl)  # adapters only
+    slot = tmp_path / "run" / "checkpoints" / "latest"
+    meta = json.loads((slot / "meta.json").read_text())
+    assert (meta["format"], meta["world_size"], meta["global_step"]) == ("sharded", 2, 3)
+    extra = json.loads((slot / "extra.json").read_text())
+    assert extra == {"sft_step": 1, "rl_step": 2, "weight_version": 3}
+    from unirl.train.sharded_checkpoint import consolidate
+
+    model = [k for k in consolidate(slot) if k.startswith("model/")]
+    assert sum("lora_" in k for k in model) == 4
+    # the frozen base is not checkpointed; torch's ignore_frozen_params keeps only the alias of the
+    # embeddings that the tiny Qwen3 ties its lm_head to
+    assert {k for k in model if "lora_" not in k} == {"model/lm_head.weight"}

@@ -77,5 +77,7 @@ class StopFlag:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    path = run_dir / "checkpoints" / "latest"
-    return path if (path / "meta.json").is_file() else None
+    """The complete checkpoint to resume from (a partial or truncated one never counts)."""
+    from unirl.train.checkpoint import latest_complete
+
+    return latest_complete(run_dir / "checkpoints" / "latest")

@@ -131,22 +131,31 @@ class DistributedRL(Trainer):
 
     # ---- weight plane ---------------------------------------------------------------------------
     def sync_weights(self) -> dict[str, float]:
-        """Trainer -> rollout workers, versioned by the optimizer step; a no-op when up to date."""
+        """Trainer -> rollout workers, versioned by the optimizer step; a no-op when up to date.
+
+        With LoRA only the first sync ships every parameter (the rollout copy's base weights);
+        later ones ship the adapter tensors only."""
         version = self.train.call_rank0(TrainWorker.global_step)
         if self.synced_version is not None and version <= self.synced_version:
             return {}
         t0 = time.time()
+        adapters_only = self.cfg.backend.lora is not None and self.synced_version is not None
         ticket = drive_weight_sync(
             self.train,
             self.rollout_remote,
-            push=TrainWorker.push,
-            pull=RolloutWorker.pull,
+            push=TrainWorker.push_adapters if adapters_only else TrainWorker.push,
+            pull=RolloutWorker.pull_adapters if adapters_only else RolloutWorker.pull,
             confirm=TrainWorker.confirm,
             version=version,
             streaming=self.layout.sync == "broadcast",
             timeout_s=self.layout.call_timeout_s,
         )
-        check: dict[str, Any] = {"version": version, "ticket": ticket.checksum}
+        check: dict[str, Any] = {
+            "version": version,
+            "ticket": ticket.checksum,
+            "scope": "adapters" if adapters_only else "all",
+            "tensors": ticket.num_tensors,
+        }
         if self.layout.verify_weights:
             want = self.train.call_all(TrainWorker.weights_checksum)[0]
             got = self.rollout_remote.call_all(RolloutWorker.weights_checksum)
@@ -157,7 +166,11 @@ class DistributedRL(Trainer):
                 )
         self.sync_checks.append(check)
         self.synced_version = version
-        out = {"weight_version": float(version), "weight_sync_s": time.time() - t0}
+        out = {
+            "weight_version": float(version),
+            "weight_sync_s": time.time() - t0,
+            "weight_sync_tensors": float(ticket.num_tensors),
+        }
         if self.layout.verify_weights:
             out["weights_verified"] = 1.0  # reached only when every rollout checksum matched
         return out
@@ -203,7 +216,11 @@ class DistributedRL(Trainer):
 
     # ---- checkpoints (every train rank takes part) --------------------------------------------------
     def save(self) -> None:
-        self.train.call_all(TrainWorker.save, str(self.run.checkpoints / "latest"), self.cursor())
+        """Checkpoint on every train rank (``checkpoint_format``: gathered on rank 0, or one shard
+        file per rank), with the data cursor and the weight version last synced."""
+        extra = {**self.cursor(), "weight_version": self.synced_version}
+        path = str(self.run.checkpoints / "latest")
+        self.train.call_all(TrainWorker.save, path, extra, self.cfg.checkpoint_format)
 
     def resume(self) -> bool:
         ckpt = latest_checkpoint(self.run.root)

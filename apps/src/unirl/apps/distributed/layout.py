@@ -5,7 +5,8 @@ A recipe switches layout by config only::
     layout: {kind: ray, placement: colocate, train_workers: 2, rollout_workers: 1, sync: buckets}
 
 ``train_workers`` data-parallel FSDP2 ranks (gloo on CPU, NCCL on GPU) train; ``rollout_workers``
-hold a trainside copy of the pipeline and receive the trained weights through the weight plane.
+hold a trainside copy of the pipeline and receive the trained weights through the weight plane
+(with ``backend.lora``: the base weights once, then only the adapter tensors).
 """
 
 from __future__ import annotations
@@ -74,6 +75,13 @@ def check_layout(recipe: Any, layout: LayoutConfig) -> None:
     The RL geometry is per rank (``rl.geometry`` sizes count Parts on one rank), so each rank's
     shard ``prompts_per_step * samples_per_prompt / train_workers`` must be a valid shard.
     """
+    engine = getattr(getattr(recipe, "rollout", None), "engine", None)
+    if layout.kind == "ray" and getattr(engine, "kind", "trainside") != "trainside":
+        raise ValueError(
+            f"rollout.engine.kind={engine.kind!r} with layout.kind='ray': Ray rollout workers hold a "  # type: ignore[union-attr]  # not None here
+            "trainside copy only; run the dedicated engine with layout.kind='single' (it already runs in "
+            "its own processes) or use rollout.engine.kind='trainside'"
+        )
     n = layout.train_workers
     rl = getattr(recipe, "rl", None)
     if rl is not None and rl.steps:
@@ -93,10 +101,4 @@ def check_layout(recipe: Any, layout: LayoutConfig) -> None:
     if sft is not None and sft.steps and sft.batch_size % n:
         raise ValueError(
             f"layout.train_workers={n} does not divide sft.batch_size={sft.batch_size}; pick a divisor"
-        )
-    lora = getattr(getattr(recipe, "backend", None), "lora", None)
-    if layout.kind == "ray" and lora is not None:
-        raise ValueError(
-            "layout.kind='ray' does not ship LoRA adapters to the rollout copy yet; set backend.lora=null "
-            "or layout.kind='single'"
         )

@@ -7,6 +7,13 @@
 - :class:`RolloutWorker`: a trainside copy of the domain pipeline (bundle + pipeline + engine, no
   optimizer) that samples and receives the trained weights through the weight plane.
 
+LoRA (``backend.lora``): the rollout copy gets the same peft adapters injected, unmerged, so its
+parameter names and its forward are the trainer's (base(x) + scale * B(A(x)), not a merged weight
+whose rounding would shift the behaviour log-probs away from what the trainer replays). The first
+sync of a rollout worker ships every parameter (the base weights it must share with the trainer);
+each later one ships only the adapter tensors (``push_adapters`` / ``pull_adapters``), and the
+receiver requires exactly its own adapter set to arrive.
+
 Worker methods are plain methods: the driver calls them through ``Remote.call_*``.
 """
 
@@ -22,7 +29,7 @@ from unirl.apps.trainers.base import pick_device
 from unirl.distributed.codec import Checksum
 from unirl.distributed.errors import WeightSyncError
 from unirl.distributed.rank import RankInfo
-from unirl.distributed.weightsync import SyncAck, SyncTicket, WeightSync
+from unirl.distributed.weightsync import LoraOnlySync, SyncAck, SyncTicket, WeightSync, is_adapter
 from unirl.distributed.weightsync.protocol import full_tensor
 from unirl.train.checkpoint import load_checkpoint, save_checkpoint
 from unirl.train.stack import TrainStack
@@ -74,6 +81,7 @@ class TrainWorker:
         torch.set_num_threads(threads)
         self.stack: TrainStack | None = None
         self.sync: WeightSync | None = None
+        self.lora_sync: LoraOnlySync | None = None
 
     @property
     def backend(self) -> Any:
@@ -117,15 +125,27 @@ class TrainWorker:
         source = self.info.rank == 0
         group = _join_group(addr, port, 0, world) if kind == "broadcast" and source else None
         self.sync = make_weight_sync(kind, name=f"train{self.info.rank}", is_source=source, group=group)
+        if self.backend.config.lora is not None:  # same endpoint (and version gate), adapters only
+            self.lora_sync = LoraOnlySync(self.sync)
 
-    def push(self, version: int) -> SyncTicket:
-        """Send the policy weights as ``version`` (EMA weights when the rollout samples with the EMA)."""
-        if self.sync is None:
-            raise RuntimeError("TrainWorker.push before setup_sync")
+    def _send(self, sync: WeightSync | LoraOnlySync, version: int) -> SyncTicket:
+        """``sync.send`` of the policy (EMA weights when the rollout samples with the EMA)."""
         if self.trainer.ema_rollout:
             with self.backend.ema_weights():
-                return self.sync.send(list(self.backend.module.named_parameters()), version)
-        return self.sync.send(list(self.backend.module.named_parameters()), version)
+                return sync.send(list(self.backend.module.named_parameters()), version)
+        return sync.send(list(self.backend.module.named_parameters()), version)
+
+    def push(self, version: int) -> SyncTicket:
+        """Send every policy parameter as ``version`` (LoRA: base weights and adapters)."""
+        if self.sync is None:
+            raise RuntimeError("TrainWorker.push before setup_sync")
+        return self._send(self.sync, version)
+
+    def push_adapters(self, version: int) -> SyncTicket:
+        """Send only the LoRA adapter tensors as ``version`` (the base weights never change)."""
+        if self.lora_sync is None:
+            raise RuntimeError("TrainWorker.push_adapters needs setup_sync and backend.lora")
+        return self._send(self.lora_sync, version)
 
     def confirm(self, ticket: SyncTicket, acks: list[SyncAck], n: int) -> None:
         if self.sync is None:
@@ -139,13 +159,15 @@ class TrainWorker:
                 return weights_checksum(self.backend.module)
         return weights_checksum(self.backend.module)
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full CPU weights on rank 0, {} elsewhere (collective)."""
-        return dict(self.backend.full_state_dict())
+    def full_state_dict(self, merge_lora: bool = True) -> dict[str, torch.Tensor]:
+        """Full CPU weights on rank 0, {} elsewhere (collective); ``merge_lora=False`` keeps peft's
+        base/adapter names (the rollout copy's names)."""
+        return dict(self.backend.full_state_dict(merge_lora=merge_lora))
 
     # -- checkpoints (collective) ---------------------------------------------------------------
-    def save(self, path: str, extra: dict[str, Any]) -> str:
-        return str(save_checkpoint(path, self.backend, extra=extra))
+    def save(self, path: str, extra: dict[str, Any], format: str = "full") -> str:
+        """Checkpoint ``format`` ('full' or 'sharded', see unirl.train.checkpoint) to ``path``."""
+        return str(save_checkpoint(path, self.backend, extra=extra, format=format))  # type: ignore[arg-type]  # checked there
 
     def load(self, path: str) -> dict[str, Any]:
         return dict(load_checkpoint(path, self.backend))
@@ -186,9 +208,20 @@ class RolloutWorker:
         torch.set_num_threads(threads)
         torch.manual_seed(recipe.seed + 1_000 * (info.rank + 1))
         self.bundle, self.pipeline, self.module = build_rollout(recipe, stage, pick_device(recipe.device))
+        lora = getattr(recipe.backend, "lora", None)
+        if lora is not None:  # the trainer's adapters, unmerged: same names, same forward
+            from unirl.train.lora import inject_lora
+
+            inject_lora(self.module, lora)  # in place: the pipeline holds the same module
         self.module.requires_grad_(False)
         self.engine = TrainsideEngine(self.pipeline, weight_version=0)
         self.params = dict(self.module.named_parameters())
+        self.adapters = {n for n in self.params if is_adapter(n)}
+        if lora is not None and not self.adapters:
+            raise WeightSyncError(
+                f"rollout{info.rank}: backend.lora.target_modules={lora.target_modules} bound zero adapter "
+                "parameters in the rollout copy; an adapter-only sync would change nothing"
+            )
         self.sync: WeightSync | None = None
         self.rollout_step = 0
 
@@ -207,12 +240,15 @@ class RolloutWorker:
         group = _join_group(addr, port, 1 + self.info.rank, world) if kind == "broadcast" else None
         self.sync = make_weight_sync(kind, name=f"rollout{self.info.rank}", is_source=False, group=group)
 
-    def _sink(self, got: set[str]) -> Any:
+    def _sink(self, got: set[str], allowed: set[str] | None = None) -> Any:
         def load(bucket: dict[str, torch.Tensor]) -> None:
             for name, t in bucket.items():
-                p = self.params.get(name)
+                p = self.params.get(name) if allowed is None or name in allowed else None
                 if p is None:
-                    raise WeightSyncError(f"rollout{self.info.rank}: trainer sent unknown parameter {name!r}")
+                    raise WeightSyncError(
+                        f"rollout{self.info.rank}: trainer sent unknown parameter {name!r}"
+                        + ("" if allowed is None else " in an adapter-only sync")
+                    )
                 if p.shape != t.shape:
                     raise WeightSyncError(
                         f"rollout{self.info.rank}: {name!r} arrived with shape {tuple(t.shape)}, "
@@ -235,6 +271,24 @@ class RolloutWorker:
             raise WeightSyncError(
                 f"rollout{self.info.rank}: weight v{ack.version} lacks {len(missing)} parameters, e.g. "
                 f"{sorted(missing)[:3]}"
+            )
+        self.engine.set_weight_version(ack.version)
+        return ack
+
+    def pull_adapters(self, ticket: SyncTicket | None) -> SyncAck:
+        """Receive, verify and load one adapter-only version: exactly this copy's LoRA tensors must
+        arrive (a sync that touches no adapter, or only some, fails loudly)."""
+        if self.sync is None:
+            raise RuntimeError("RolloutWorker.pull_adapters before setup_sync")
+        if not self.adapters:
+            raise WeightSyncError(f"rollout{self.info.rank}: adapter-only sync, but this copy has no LoRA")
+        got: set[str] = set()
+        ack = self.sync.receive(ticket, self._sink(got, self.adapters))
+        if got != self.adapters:
+            missing = sorted(self.adapters - got)
+            raise WeightSyncError(
+                f"rollout{self.info.rank}: adapter-only weight v{ack.version} loaded {len(got)} of "
+                f"{len(self.adapters)} adapter tensors; missing e.g. {missing[:3]}"
             )
         self.engine.set_weight_version(ack.version)
         return ack

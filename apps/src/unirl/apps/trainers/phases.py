@@ -57,7 +57,11 @@ class RLPhase(BaseModel):
 class EvalConfig(BaseModel):
     model_config = STRICT
     num_prompts: int = Field(default=32, ge=0, description="held-out prompts per evaluation (0 = off)")
-    samples_per_prompt: int = Field(default=1, ge=1, description="k of accuracy@k")
+    samples_per_prompt: int = Field(
+        default=1,
+        ge=1,
+        description="samples per held-out prompt (accuracy is over all of them; pass_at_k per prompt)",
+    )
     every: int = Field(default=0, ge=0, description="evaluate every N RL steps (0 = only before/after)")
     grid_size: int = Field(default=8, ge=0, description="samples shown in the before/after grids")
     success_threshold: float = Field(default=0.999, description="reward >= this counts as solved")
@@ -71,6 +75,12 @@ class RunSettings(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, ge=1, description="torch CPU threads (None = torch default)")
     checkpoint_every: int = Field(default=0, ge=0, description="RL steps between checkpoints (0 = end only)")
+    checkpoint_format: Literal["full", "sharded"] = Field(
+        default="full",
+        description="full: the whole state gathered on rank 0 (one state.pt; resume needs the same "
+        "number of train ranks); sharded: each train rank writes its own shards (safetensors + JSON, "
+        "no pickle, no full gather; resumable with another number of train ranks)",
+    )
     eval: EvalConfig = Field(default_factory=EvalConfig)
     layout: LayoutConfig = Field(
         default_factory=LayoutConfig, description="process layout: one process (single) or Ray workers (ray)"

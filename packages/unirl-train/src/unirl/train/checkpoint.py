@@ -1,14 +1,25 @@
 """Atomic training checkpoints: backend state + per-rank RNG + caller extras, no pickle on load.
 
-Layout of a checkpoint directory:
+Two formats, chosen at save time (``format=``) and recognised at load time from ``meta.json``:
+
+``full`` (default): the full state gathered on rank 0::
+
     meta.json        format version, global step, world size
     state.pt         backend.state_dict() (full, CPU; written by rank 0)
     rng-<rank>.pt    torch / CUDA / numpy / python RNG states of each rank
     extra.json       the caller's JSON-serialisable extra state (data cursor, weight version, ...)
-Everything is written into `<dir>.tmp-<step>` and then renamed onto `<dir>` (an existing
-checkpoint at `<dir>` is replaced), so a crash never leaves a half-written checkpoint at
-`<dir>`. Loading uses `torch.load(weights_only=True)` and `json`, never unrestricted pickle.
-Multi-rank runs need a filesystem shared by the ranks.
+
+  Loaded with `torch.load(weights_only=True)` (a restricted unpickler: tensors and plain
+  containers only) and `json`; resumable only with the same world size.
+
+``sharded``: every rank writes its own shards as safetensors, JSON holds the rest; nothing is
+  pickled at all, and a run with another world size can resume from it (see
+  :mod:`unirl.train.sharded_checkpoint`). No rank ever holds the full state.
+
+Both are written into `<dir>.tmp-<step>` and renamed onto `<dir>` once every rank's files and, last,
+`meta.json` are written (an existing checkpoint at `<dir>` is moved aside and deleted after), so a
+crash never leaves a half-written checkpoint at `<dir>`; :func:`latest_complete` also recovers
+the one window where `<dir>` is briefly absent. Multi-rank runs need a filesystem shared by the ranks.
 """
 
 from __future__ import annotations
@@ -18,15 +29,18 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from unirl.train import sharded_checkpoint as sharded
 from unirl.train.backends.base import TrainBackend
 
 FORMAT_VERSION = 1
+SHARDED_FORMAT_VERSION = 2
+CheckpointFormat = Literal["full", "sharded"]
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -63,9 +77,17 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    directory: str | os.PathLike[str], backend: TrainBackend, extra: dict[str, Any] | None = None
+    directory: str | os.PathLike[str],
+    backend: TrainBackend,
+    extra: dict[str, Any] | None = None,
+    *,
+    format: CheckpointFormat = "full",
 ) -> Path:
-    """Write a checkpoint of `backend` (+ RNG, + `extra`) atomically to `directory` (collective)."""
+    """Write a checkpoint of `backend` (+ RNG, + `extra`) atomically to `directory` (collective).
+
+    ``format="sharded"`` needs a backend with ``sharded_state_dict`` (FSDPBackend)."""
+    if format not in ("full", "sharded"):
+        raise ValueError(f"checkpoint format={format!r} is not one of 'full', 'sharded'")
     final = Path(directory)
     extra = dict(extra or {})
     try:
@@ -75,6 +97,8 @@ def save_checkpoint(
             f"save_checkpoint extra must be JSON-serialisable (ints, floats, strings, lists, dicts): {e}"
         ) from e
     tmp = final.with_name(f"{final.name}.tmp-{backend.global_step}")
+    if format == "sharded":
+        return _save_sharded(final, tmp, backend, extra_text)
     state = backend.state_dict()  # collective: every rank takes part
     rank = backend.rank
     if rank == 0:
@@ -99,6 +123,77 @@ def save_checkpoint(
     return final
 
 
+def _save_sharded(final: Path, tmp: Path, backend: TrainBackend, extra_text: str) -> Path:
+    state_fn = getattr(backend, "sharded_state_dict", None)
+    if state_fn is None:
+        raise ValueError(
+            f"checkpoint format='sharded' needs a backend with sharded_state_dict(); "
+            f"{type(backend).__name__} has none: use format='full'"
+        )
+    rank, world = backend.rank, backend.world_size
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    _barrier(backend)
+    index = sharded.write_shards(tmp, state_fn(), rank, world)  # collective; raises on every rank
+    error: Exception | None = None
+    if rank == 0:
+        try:
+            (tmp / "index.json").write_text(json.dumps(index))
+            (tmp / "extra.json").write_text(extra_text)
+            meta = {
+                "format_version": SHARDED_FORMAT_VERSION,
+                "format": "sharded",
+                "global_step": backend.global_step,
+                "world_size": world,
+                "files": sharded.manifest(tmp, world),
+            }
+            (tmp / "meta.json").write_text(json.dumps(meta))  # last: its manifest marks completeness
+            _replace_dir(tmp, final)
+        except Exception as e:  # re-raised below once the other ranks know
+            error = e
+    if not sharded.all_ok(error is None, world):
+        if error is not None:
+            raise error
+        raise RuntimeError(f"sharded checkpoint: rank 0 failed to finish {tmp}")
+    return final
+
+
+def read_meta(path: Path) -> dict[str, Any] | None:
+    """The checkpoint's meta.json when the checkpoint at `path` is complete, else None.
+
+    Complete: meta.json parses; a sharded checkpoint's manifest matches the files on disk (a
+    truncated or partially copied directory is not a checkpoint); a full one has its state file."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    if meta.get("format") == "sharded":
+        return meta if sharded.is_complete(path, meta) is None else None
+    return meta if (path / "state.pt").is_file() and (path / "extra.json").is_file() else None
+
+
+def latest_complete(directory: str | os.PathLike[str]) -> Path | None:
+    """The checkpoint to resume from for the checkpoint slot `directory` (e.g. `checkpoints/latest`).
+
+    `directory` itself when complete. Otherwise a save was interrupted between moving the old
+    checkpoint aside and renaming the new one into place: the complete candidate (`<dir>.old` or a
+    finished `<dir>.tmp-<step>`) with the highest global step is returned. None when there is none.
+    """
+    final = Path(directory)
+    if read_meta(final) is not None:
+        return final
+    best: tuple[int, Path] | None = None
+    for cand in [final.with_name(f"{final.name}.old"), *final.parent.glob(f"{final.name}.tmp-*")]:
+        meta = read_meta(cand)
+        if meta is not None and (best is None or int(meta["global_step"]) > best[0]):
+            best = (int(meta["global_step"]), cand)
+    return best[1] if best is not None else None
+
+
 def load_checkpoint(directory: str | os.PathLike[str], backend: TrainBackend) -> dict[str, Any]:
     """Restore `backend` and this rank's RNG from `directory`; returns the caller's extra state."""
     path = Path(directory)
@@ -106,6 +201,8 @@ def load_checkpoint(directory: str | os.PathLike[str], backend: TrainBackend) ->
     if not meta_path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path} (missing meta.json)")
     meta = json.loads(meta_path.read_text())
+    if meta.get("format") == "sharded":
+        return _load_sharded(path, meta, backend)
     if meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(
             f"checkpoint {path} has format_version={meta.get('format_version')}, expected {FORMAT_VERSION}"
@@ -121,8 +218,28 @@ def load_checkpoint(directory: str | os.PathLike[str], backend: TrainBackend) ->
     return json.loads((path / "extra.json").read_text())
 
 
+def _load_sharded(path: Path, meta: dict[str, Any], backend: TrainBackend) -> dict[str, Any]:
+    if meta.get("format_version") != SHARDED_FORMAT_VERSION:
+        raise ValueError(
+            f"checkpoint {path} has format_version={meta.get('format_version')}, expected "
+            f"{SHARDED_FORMAT_VERSION} for a sharded checkpoint"
+        )
+    problem = sharded.is_complete(path, meta)
+    if problem is not None:
+        raise ValueError(f"checkpoint {path} is incomplete: {problem}")
+    state_fn = getattr(backend, "sharded_state_dict", None)
+    load_fn = getattr(backend, "load_sharded_state_dict", None)
+    if state_fn is None or load_fn is None:
+        raise ValueError(f"{path} is a sharded checkpoint; {type(backend).__name__} cannot load one")
+    state = sharded.read_state(path, state_fn(), backend.rank, backend.world_size, int(meta["world_size"]))
+    load_fn(state)
+    _barrier(backend)
+    return json.loads((path / "extra.json").read_text())
+
+
 def _replace_dir(src: Path, dst: Path) -> None:
-    """Move `src` onto `dst`; an existing `dst` is moved aside first and deleted after."""
+    """Move `src` onto `dst`; an existing `dst` is moved aside first and deleted after, as are
+    the leftovers of interrupted saves (`<dst>.tmp-*`) once the new checkpoint is in place."""
     old = dst.with_name(f"{dst.name}.old")
     if dst.exists():
         if old.exists():
@@ -131,6 +248,8 @@ def _replace_dir(src: Path, dst: Path) -> None:
     os.replace(src, dst)
     if old.exists():
         shutil.rmtree(old)
+    for stale in dst.parent.glob(f"{dst.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _barrier(backend: TrainBackend) -> None:
