@@ -91,3 +91,37 @@ def test_qwen3_lora_grpo_with_base_reference() -> None:
     after = full(backend.module)
     changed = {n for n in before if not torch.equal(before[n], after[n])}
     assert changed and all("lora_" in n for n in changed)
+
+
+def test_gathered_backend_samples_the_same_and_reshards_after() -> None:
+    """Trainside sampling inside ``FSDPBackend.gathered()`` (weights gathered once, not per
+    forward) draws exactly what it draws through per-forward all-gathers; training still works after."""
+    bundle = CausalLMBundle.tiny_qwen3(seed=0)
+    backend = FSDPConfig(optimizer=AdamWConfig(lr=1e-3)).build(bundle.model, "cpu")
+    pipe = ARPipeline(bundle, ARSamplingParams(max_new_tokens=6, seed=1))
+
+    def draw() -> list[list[int]]:
+        s = [Sample(id=f"s{i}", group_id="g", inputs=[TextPrimitive(text="1+2=")]) for i in range(3)]
+        return [x.part("ar").segment.response_ids for x in pipe.generate(s, rollout_step=0)]
+
+    per_forward = draw()
+    gathers = []
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in backend.module.modules() if isinstance(m, FSDPModule)]
+    hooks = [u.register_forward_pre_hook(lambda *a: gathers.append(1)) for u in units]
+    with backend.gathered():
+        assert draw() == per_forward
+    for h in hooks:
+        h.remove()
+    assert gathers  # the forwards ran through the FSDP units
+    assert all(isinstance(p, DTensor) for p in backend.module.parameters())  # resharded
+    parts = [x.part("ar") for x in pipe.generate(
+        [Sample(id=f"t{i}", group_id="g", inputs=[TextPrimitive(text="1+2=")]) for i in range(2)], rollout_step=1
+    )]  # fmt: skip
+    for p, a in zip(parts, [1.0, -1.0]):
+        p.advantage = a
+    metrics = TrainStack(backend, GRPOConfig().build(), pipe, BatchGeometry(micro_batch_size=1)).train_on(
+        parts
+    )
+    assert metrics["num_optimizer_steps"] == 1 and metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)

@@ -205,8 +205,10 @@ class Trainer:
     # ---- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, name: str, *, step: int, grid: bool = False) -> dict[str, float]:
-        """Held-out prompts, ``eval.samples_per_prompt`` each: mean reward and accuracy@k
-        (a prompt counts as solved when any of its k samples reaches ``success_threshold``)."""
+        """Held-out prompts, ``eval.samples_per_prompt`` each. Metrics: ``reward`` (mean),
+        ``accuracy`` (the fraction of samples reaching ``success_threshold``: GenEval's accuracy,
+        what RL is judged on) and ``pass_at_k`` (the fraction of prompts with at least one such
+        sample among their k)."""
         ev = self.cfg.eval
         records = self.data.eval_records()[: ev.num_prompts]
         if not records:
@@ -223,14 +225,20 @@ class Trainer:
         solved: dict[str, bool] = {}
         for s, r in zip(samples, rewards):
             solved[s.group_id] = solved.get(s.group_id, False) or r >= ev.success_threshold
-        m = {"reward": float(np.mean(rewards)), "accuracy": float(np.mean(list(solved.values())))}
+        m = {
+            "reward": float(np.mean(rewards)),
+            "accuracy": float(np.mean([r >= ev.success_threshold for r in rewards])),
+            "pass_at_k": float(np.mean(list(solved.values()))),
+        }
         self.evals[name] = m
         self.run.log(step, {f"eval_{k}": v for k, v in m.items()}, phase="eval")
         log.info(
-            "eval %-8s reward=%.3f accuracy=%.1f%% (%d prompts)",
+            "eval %-8s reward=%.3f accuracy=%.1f%% pass@%d=%.1f%% (%d prompts)",
             name,
             m["reward"],
             100 * m["accuracy"],
+            ev.samples_per_prompt,
+            100 * m["pass_at_k"],
             len(solved),
         )
         if grid and ev.grid_size:
@@ -252,7 +260,12 @@ class Trainer:
         log.info("resumed at rl step %d (sft step %d)", self.rl_step, self.sft_step)
 
     def save(self) -> None:
-        save_checkpoint(self.run.checkpoints / "latest", self.backend, extra=self.cursor())
+        save_checkpoint(
+            self.run.checkpoints / "latest",
+            self.backend,
+            extra=self.cursor(),
+            format=self.cfg.checkpoint_format,
+        )
 
     def resume(self) -> bool:
         ckpt = latest_checkpoint(self.run.root)

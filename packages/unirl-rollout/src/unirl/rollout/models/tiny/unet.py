@@ -20,7 +20,7 @@ from torch.nn import functional as F
 def timestep_embedding(t_B: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal embedding [B, dim] of timesteps in [0, 1000]."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t_B.device) / half)
     args = t_B.float()[:, None] * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
@@ -107,7 +107,9 @@ class TinyUNet(nn.Module):
         timestep: torch.Tensor,
         return_dict: bool = False,
     ) -> tuple[torch.Tensor]:
-        emb = self.emb(torch.cat([timestep_embedding(timestep, self.emb_dim), pooled_projections], dim=-1))
+        # the sinusoid is computed in fp32; the model may run in bf16 (FSDP mixed precision on GPU)
+        t_emb = timestep_embedding(timestep, self.emb_dim).to(pooled_projections.dtype)
+        emb = self.emb(torch.cat([t_emb, pooled_projections], dim=-1))
         h = self.conv_in(hidden_states)
         skips = []
         for block, pool in zip(self.down, self.pool):

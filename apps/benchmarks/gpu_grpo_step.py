@@ -1,0 +1,185 @@
+"""One GRPO step on a Qwen3-0.6B-architecture causal LM (random init), trainside, on one GPU.
+
+Issue 8's benchmark: 8 prompts x 8 samples of 64 prompt tokens, exactly 512 new tokens each (EOS
+masked), temperature 1; then one full fine-tune AdamW step over the 64 completions with
+micro-batch 16 (bf16 compute through FSDP2's mixed precision, fp32 master weights). Rewards are
+seeded random numbers (the model is random): the step's work does not depend on their values.
+
+The rollout uses the training module itself (``TrainsideEngine``), gathered once per rollout
+(``FSDPBackend.gathered``). ``--decoders`` runs the same step with each decode loop and prints a
+table with ratios against the first one listed; every step after the first ``--warmup`` is timed.
+
+    python apps/benchmarks/gpu_grpo_step.py --decoders dynamic graph --json out.json
+    python apps/benchmarks/gpu_grpo_step.py --tiny   # CPU smoke run (tests/test_benchmarks.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from unirl.rollout.ar import ARPipeline, CausalLMBundle
+from unirl.rollout.engines import TrainsideEngine
+from unirl.train.algorithms import GRPOConfig
+from unirl.train.backends.fsdp import FSDPConfig
+from unirl.train.geometry import BatchGeometry
+from unirl.train.optim import AdamWConfig
+from unirl.train.stack import TrainStack
+from unirl.types import ARSamplingParams, Sample, TextPrimitive, compute_advantages
+
+QWEN3_0_6B = dict(
+    vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+    num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+    max_position_embeddings=40960, rope_theta=1_000_000.0,
+)  # fmt: skip
+TINY = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, max_position_embeddings=512,
+)  # fmt: skip
+
+
+def build(tiny: bool, device: torch.device, compile_layers: bool = False) -> tuple[CausalLMBundle, object]:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tok = CausalLMBundle.tiny_qwen3().tokenizer
+    cfg = Qwen3Config(**(TINY if tiny else QWEN3_0_6B), pad_token_id=0, eos_token_id=2)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(cfg)
+    if compile_layers:  # regional compilation of the cache-free parts: MLPs and RMSNorms
+        for layer in model.model.layers:
+            for mod in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm):
+                mod.compile()
+            layer.self_attn.q_norm.compile()
+            layer.self_attn.k_norm.compile()
+        model.model.norm.compile()
+    backend = FSDPConfig(optimizer=AdamWConfig(lr=1e-6), grad_clip=1.0).build(model, device)
+    return CausalLMBundle(model, tok), backend
+
+
+def prompt_of(bundle: CausalLMBundle, n_tokens: int, salt: int) -> str:
+    """A prompt text that encodes to exactly ``n_tokens`` tokens."""
+    text = f"{salt}+"
+    while len(bundle.encode_prompt(text)) < n_tokens:
+        text += str((len(text) * 7 + salt) % 10)
+    if len(bundle.encode_prompt(text)) != n_tokens:
+        raise RuntimeError(f"could not build a {n_tokens}-token prompt with this tokenizer")
+    return text
+
+
+def one_step(args, bundle, backend, pipe, engine, step: int) -> dict[str, float]:
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    samples = [
+        Sample(
+            id=f"p{p}-{i}",
+            group_id=f"p{p}",
+            inputs=[TextPrimitive(text=prompt_of(bundle, args.prompt_tokens, p))],
+        )
+        for p in range(args.prompts)
+        for i in range(args.group)
+    ]
+    sync()
+    t0 = time.perf_counter()
+    with backend.gathered():
+        samples = engine.generate(samples, rollout_step=step)
+    sync()
+    t1 = time.perf_counter()
+    parts = [s.part("ar") for s in samples]
+    rewards = np.random.default_rng(step).random(len(parts))
+    for p, a in zip(parts, compute_advantages(rewards, [s.group_id for s in samples])):
+        p.advantage = float(a)
+    stack = TrainStack(backend, GRPOConfig().build(), pipe, BatchGeometry(micro_batch_size=args.micro))
+    metrics = stack.train_on(parts)
+    sync()
+    t2 = time.perf_counter()
+    tokens = sum(len(p.segment.response_ids) for p in parts)
+    return {
+        "gen_s": t1 - t0,
+        "train_s": t2 - t1,
+        "step_s": t2 - t0,
+        "tokens": tokens,
+        "tokens_per_s": tokens / (t1 - t0),
+        "ratio_dev": max(abs(metrics["ratio_max"] - 1), abs(1 - metrics["ratio_min"])),
+        "optimizer_steps": metrics["num_optimizer_steps"],
+    }
+
+
+def profile(args, bundle, backend, params) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    pipe = ARPipeline(
+        bundle, params.model_copy(update={"max_new_tokens": 32}), stop_at_eos=False, decoder="static"
+    )
+    samples = [Sample(id=f"x{i}", group_id="x", inputs=[TextPrimitive(text=prompt_of(bundle, args.prompt_tokens, 1))])
+               for i in range(args.prompts * args.group)]  # fmt: skip
+    with backend.gathered():
+        pipe.generate(samples, rollout_step=0)
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            pipe.generate(samples, rollout_step=1)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--decoders",
+        nargs="+",
+        default=["graph"],
+        help="dynamic | static | graph, optionally :KV_BUCKET (e.g. graph:128; graph:0 = one graph)",
+    )
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=512)
+    ap.add_argument("--micro", type=int, default=16)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per decoder")
+    ap.add_argument("--tiny", action="store_true", help="tiny model and sizes (CPU smoke run)")
+    ap.add_argument("--compile", action="store_true", help="compile the MLPs and RMSNorms (regional)")
+    ap.add_argument(
+        "--profile", action="store_true", help="print the top CUDA kernels of 32 static decode steps"
+    )
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if args.tiny:
+        args.prompts, args.group, args.prompt_tokens, args.new_tokens, args.micro = 2, 2, 24, 6, 2
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    bundle, backend = build(args.tiny, device, args.compile)
+    params = ARSamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, stop_token_ids=[], seed=0)
+    results: dict[str, dict[str, float]] = {}
+    for dec in args.decoders:
+        kind, _, bucket = dec.partition(":")
+        pipe = ARPipeline(bundle, params, stop_at_eos=False, decoder=kind, kv_bucket=int(bucket or 64))  # type: ignore[arg-type]
+        engine = TrainsideEngine(pipe, weight_version=lambda: backend.global_step)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        runs = [one_step(args, bundle, backend, pipe, engine, k) for k in range(args.warmup + args.steps)]
+        timed = runs[args.warmup :]
+        res = {k: statistics.median(r[k] for r in timed) for k in timed[0]}
+        res["ratio_dev"] = max(r["ratio_dev"] for r in runs)
+        res["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
+        results[dec] = res
+        assert res["tokens"] == args.prompts * args.group * args.new_tokens, res
+    if args.profile:
+        profile(args, bundle, backend, params)
+    base = results[args.decoders[0]]
+    print(f"{'decoder':<8} {'gen s':>7} {'train s':>8} {'step s':>7} {'tok/s':>9} {'peak GiB':>9} "
+          f"{'ratio dev':>10} {'step vs ' + args.decoders[0]:>14}")  # fmt: skip
+    for dec, r in results.items():
+        print(f"{dec:<8} {r['gen_s']:7.3f} {r['train_s']:8.3f} {r['step_s']:7.3f} {r['tokens_per_s']:9.0f} "
+              f"{r['peak_mem_gib']:9.1f} {r['ratio_dev']:10.2e} {base['step_s'] / r['step_s']:13.2f}x")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                       "results": results}, f, indent=2)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
