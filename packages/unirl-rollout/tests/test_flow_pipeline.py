@@ -271,7 +271,9 @@ def test_rollout_autograd_samples_the_same_and_keeps_no_graph(sd3_bundle) -> Non
     seen: list[bool] = []
     hook = sd3_bundle.transformer.register_forward_hook(lambda *a: seen.append(torch.is_grad_enabled()))
     try:
-        plain = FlowMatchPipeline(sd3_bundle, default_params=params()).generate(make_samples(), rollout_step=0)
+        plain = FlowMatchPipeline(sd3_bundle, default_params=params()).generate(
+            make_samples(), rollout_step=0
+        )
         n_plain = len(seen)
         grad = FlowMatchPipeline(sd3_bundle, default_params=params(), rollout_autograd=True).generate(
             make_samples(), rollout_step=0
