@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 if TYPE_CHECKING:
     import httpx
 
@@ -25,6 +27,7 @@ __all__ = [
     "EngineHTTPError",
     "EngineProtocolError",
     "EngineRetry",
+    "HTTPEngineConfig",
     "require",
 ]
 
@@ -202,3 +205,25 @@ class EngineHTTPClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+class HTTPEngineConfig(BaseModel):
+    """Fields and client construction shared by every engine reached over HTTP."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(description="server base URL, e.g. http://10.0.0.5:30000")
+    api_key: str | None = Field(default=None, description="the server's --api-key (sent as a bearer token)")
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    timeout_s: float = Field(default=600.0, gt=0, description="per-request reply bound")
+
+    def client(self, transport: Any = None) -> EngineHTTPClient:
+        """A client of ``url`` with these timeouts and the default retry policy."""
+        return EngineHTTPClient(
+            self.url,
+            api_key=self.api_key,
+            connect_timeout_s=self.connect_timeout_s,
+            timeout_s=self.timeout_s,
+            retry=EngineRetry(),
+            transport=transport,
+        )

@@ -32,7 +32,12 @@ from unirl.distributed.errors import WeightSyncError
 from unirl.rollout.ar.sampling import derive_seed
 from unirl.rollout.ar.stopping import cut_at_stop_string
 from unirl.rollout.engines.guards import check_weight_stamp, logprob_parity
-from unirl.rollout.engines.http import EngineHTTPClient, EngineProtocolError, EngineRetry, require
+from unirl.rollout.engines.http import (
+    EngineHTTPClient,
+    EngineProtocolError,
+    HTTPEngineConfig,
+    require,
+)
 from unirl.rollout.engines.sglang_sync import DiskRoute, DistributedRoute, LoraRoute
 from unirl.types import ARSamplingParams, Part, Sample, TextPrimitive, TextSegment, WeightStamp
 
@@ -413,12 +418,10 @@ class SGLangLoraSync(_Config):
     timeout_s: float = Field(default=600.0, gt=0)
 
 
-class SGLangLLMEngineConfig(_Config):
+class SGLangLLMEngineConfig(HTTPEngineConfig):
     """A dedicated SGLang LLM engine (``rollout.engine.kind: sglang_llm``)."""
 
     kind: Literal["sglang_llm"] = "sglang_llm"
-    url: str = Field(description="server base URL, e.g. http://10.0.0.5:30000")
-    api_key: str | None = Field(default=None, description="the server's --api-key")
     sampling: ARSamplingParams
     stage: str = Field(default="ar", min_length=1)
     parent: str | None = None
@@ -436,8 +439,6 @@ class SGLangLLMEngineConfig(_Config):
     sleep_tags: list[MemoryTag] | None = Field(default=None, description="memory sleep() releases; None: all")
     weights_survive_sleep: bool = False
     max_batch_size: int | None = Field(default=None, ge=1)
-    connect_timeout_s: float = Field(default=10.0, gt=0)
-    timeout_s: float = Field(default=600.0, gt=0, description="per-request reply bound")
     health_timeout_s: float = Field(
         default=0.0, ge=0, description="wait this long for /health at build; 0: skip"
     )
@@ -450,14 +451,7 @@ class SGLangLLMEngineConfig(_Config):
         transport: Any = None,
     ) -> SGLangLLMEngine:
         """The engine, encoding prompts with ``codec`` (the trainer's ``CausalLMBundle``)."""
-        client = EngineHTTPClient(
-            self.url,
-            api_key=self.api_key,
-            connect_timeout_s=self.connect_timeout_s,
-            timeout_s=self.timeout_s,
-            retry=EngineRetry(),
-            transport=transport,
-        )
+        client = self.client(transport)
         if self.health_timeout_s > 0:
             client.wait_healthy(timeout_s=self.health_timeout_s)
         ws = self.weight_sync

@@ -22,10 +22,15 @@ import json
 import struct
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import Tensor
 
-from unirl.rollout.engines.http import EngineHTTPClient, EngineHTTPError, EngineProtocolError, EngineRetry
+from unirl.rollout.engines.http import (
+    EngineHTTPClient,
+    EngineHTTPError,
+    EngineProtocolError,
+    HTTPEngineConfig,
+)
 from unirl.rollout.engines.remote_diffusion import (
     RemoteDiffusionEngine,
     RemoteTrajectory,
@@ -147,16 +152,10 @@ class SGLangDiffusionEngine(RemoteDiffusionEngine):
         super().wake_up()
 
 
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SGLangDiffusionEngineConfig(_Config):
+class SGLangDiffusionEngineConfig(HTTPEngineConfig):
     """A dedicated SGLang-Diffusion engine (``rollout.engine.kind: sglang``)."""
 
     kind: Literal["sglang"] = "sglang"
-    url: str = Field(description="server base URL")
-    api_key: str | None = None
     sampling: DiffusionSamplingParams | None = Field(default=None, description="for Parts that carry none")
     stage: str = Field(default="diffusion", min_length=1)
     prompt_part: str | None = Field(default=None, description="prompt from this earlier Part's text")
@@ -167,18 +166,9 @@ class SGLangDiffusionEngineConfig(_Config):
         default=None, description="route that releases memory; None: sleep frees nothing"
     )
     wake_path: str | None = None
-    connect_timeout_s: float = Field(default=10.0, gt=0)
-    timeout_s: float = Field(default=600.0, gt=0)
 
     def build(self, *, pin: Any = None, transport: Any = None) -> SGLangDiffusionEngine:
-        client = EngineHTTPClient(
-            self.url,
-            api_key=self.api_key,
-            connect_timeout_s=self.connect_timeout_s,
-            timeout_s=self.timeout_s,
-            retry=EngineRetry(),
-            transport=transport,
-        )
+        client = self.client(transport)
         kw: dict[str, Any] = {"pin": pin} if pin is not None else {}
         return SGLangDiffusionEngine(
             client,

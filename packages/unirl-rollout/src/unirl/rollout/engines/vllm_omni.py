@@ -26,9 +26,14 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from unirl.rollout.engines.http import EngineHTTPClient, EngineProtocolError, EngineRetry, require
+from unirl.rollout.engines.http import (
+    EngineHTTPClient,
+    EngineProtocolError,
+    HTTPEngineConfig,
+    require,
+)
 from unirl.rollout.engines.remote_diffusion import RemoteDiffusionEngine, RemoteTrajectory, RolloutRequest
 from unirl.types import DiffusionSamplingParams, decode_tensor, to_torch
 
@@ -161,16 +166,10 @@ class VLLMOmniEngine(RemoteDiffusionEngine):
         super().wake_up()
 
 
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class VLLMOmniEngineConfig(_Config):
+class VLLMOmniEngineConfig(HTTPEngineConfig):
     """A dedicated vLLM-Omni diffusion engine (``rollout.engine.kind: vllm_omni``)."""
 
     kind: Literal["vllm_omni"] = "vllm_omni"
-    url: str = Field(description="server base URL")
-    api_key: str | None = None
     model: str | None = Field(default=None, description="served model name (the request's `model`)")
     sampling: DiffusionSamplingParams | None = Field(default=None, description="for Parts that carry none")
     stage: str = Field(default="diffusion", min_length=1)
@@ -179,18 +178,9 @@ class VLLMOmniEngineConfig(_Config):
     sigma_rtol: float = Field(default=1e-5, ge=0)
     max_concurrency: int = Field(default=8, ge=1)
     sleep_level: int | None = Field(default=None, ge=1, le=2, description="vLLM sleep level; None: no sleep")
-    connect_timeout_s: float = Field(default=10.0, gt=0)
-    timeout_s: float = Field(default=600.0, gt=0)
 
     def build(self, *, pin: Any = None, transport: Any = None) -> VLLMOmniEngine:
-        client = EngineHTTPClient(
-            self.url,
-            api_key=self.api_key,
-            connect_timeout_s=self.connect_timeout_s,
-            timeout_s=self.timeout_s,
-            retry=EngineRetry(),
-            transport=transport,
-        )
+        client = self.client(transport)
         kw: dict[str, Any] = {"pin": pin} if pin is not None else {}
         return VLLMOmniEngine(
             client,
