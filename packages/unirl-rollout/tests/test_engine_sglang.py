@@ -426,6 +426,8 @@ def test_distributed_sync_broadcasts_over_a_group(bundle) -> None:  # type: igno
         eng.update_weights(named(2.0), weight_stamp(named(2.0), 2))  # the group is reused
         served = c.get_json("/get_model_info")
         assert served["weight_version"] == "2" and served["weights"]["model.w"][1] == [[2.0] * 3] * 2
+        eng.close()
+        assert route.group is None
     finally:
         proc.stdin.close()  # type: ignore[union-attr]
         proc.wait(30)

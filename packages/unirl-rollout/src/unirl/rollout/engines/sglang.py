@@ -371,6 +371,10 @@ class SGLangLLMEngine:
         self.asleep = False
 
     def close(self) -> None:
+        """Close the weight route (e.g. its process group) and the HTTP client."""
+        closer = getattr(self.route, "close", None)
+        if callable(closer):
+            closer()
         self.client.close()
 
 

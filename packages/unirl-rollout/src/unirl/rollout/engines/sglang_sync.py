@@ -220,6 +220,15 @@ class DistributedRoute:
         _check_ok(resp, "/init_weights_update_group", self.client.url)
         self.group = joiner.outcome(self.timeout_s, f"joining the weight-update group at {addr}:{port}")
 
+    def close(self) -> None:
+        """Tear the weight-update group down (its communicator threads must not outlive the process)."""
+        if self.group is not None:
+            from torch.distributed import distributed_c10d as c10d
+
+            c10d._world.pg_group_ranks.pop(self.group, None)
+            self.group.shutdown()
+            self.group = None
+
     def _broadcast(self, tensors: list[Tensor]) -> None:
         opts = torch.distributed.BroadcastOptions()
         opts.rootRank = 0

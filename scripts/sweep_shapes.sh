@@ -1,0 +1,38 @@
+#!/bin/bash
+# RL sweep on the shapes world: 3 SFT seeds, then FlowGRPO variants from each SFT checkpoint, all
+# processes in parallel (a GPU machine runs the whole sweep in ~3 minutes; the tiny model needs
+# little of the GPU). Needs `unirl` importable by python3 (PYTHONPATH or an installed env).
+#   bash scripts/sweep_shapes.sh OUT_DIR          # summary in OUT_DIR/summary.txt
+#   SW=/tmp/sweep SWX="sft.steps=2 rl.steps=1" bash scripts/sweep_shapes.sh /tmp/out   # smoke run
+# Summary columns: eval accuracy/reward per stage (init, sft, rl); RL train reward first -> last 5.
+O=${1:-/tmp/out}; S=${SW:-/tmp/sw}; X=${SWX:-}; mkdir -p $S $O
+run() { local name=$1; shift; timeout ${T:-200} python3 -c 'import sys; from unirl.apps.cli import main; sys.exit(main(sys.argv[1:]))' "$@" > $S/$name.log 2>&1; echo "$name rc=$? $(date +%T)"; }
+EV="eval.samples_per_prompt=8"
+CORR='reward.scorers=[{name: geneval, weight: 1.0, scorer: {kind: shapes, reward: correct, check_shape: false}}]'
+rm -rf "$S"; mkdir -p "$S"; T=120; for s in 0 1 2; do run sft$s sft shapes_flowgrpo seed=$s threads=1 $EV $X --run-dir $S/sft$s & done; wait; T=170
+variant() {  # name seed overrides...
+  local v=$1 s=$2; shift 2; cp -r $S/sft$s $S/$v-$s; run $v-$s train shapes_flowgrpo seed=$s threads=1 $EV $X "$@" --run-dir $S/$v-$s
+}
+for s in 0 1 2; do
+  variant base $s &
+  variant lr3 $s rl.lr=3e-4 &
+  variant corr3 $s rl.lr=3e-4 "$CORR" &
+  variant sde6 $s rl.lr=3e-4 'sampling.sde_schedule={kind: k_of_window, k: 6, start: 0.0, end: 1.0}' &
+  variant long $s rl.lr=1e-4 rl.steps=150 &
+done; wait
+python3 - "$S" <<'PY' | tee $O/summary.txt
+import json, pathlib, sys
+for d in sorted(pathlib.Path(sys.argv[1]).iterdir()):
+    if not d.is_dir():
+        continue
+    try:
+        rows = [json.loads(l) for l in open(d / "metrics.jsonl")]
+    except OSError:
+        print(d.name, "NO METRICS"); continue
+    ev = [f"{r['eval_accuracy']:.3f}/{r['eval_reward']:.3f}" for r in rows if r.get("phase") == "eval"]
+    rl = [r.get("reward_mean", float("nan")) for r in rows if r.get("phase") == "rl"]
+    tr = f"rl_reward {sum(rl[:5])/max(len(rl[:5]),1):.3f}->{sum(rl[-5:])/max(len(rl[-5:]),1):.3f} ({len(rl)} steps)" if rl else ""
+    print(d.name, " ".join(ev), tr)
+PY
+for f in $S/*.log; do if ! grep -q "report:" $f; then echo "== $f"; tail -4 $f; fi; done > $O/failed.txt 2>&1
+head -c 3000 $O/failed.txt
