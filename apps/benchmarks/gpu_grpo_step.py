@@ -132,7 +132,7 @@ def main() -> None:
         "--decoders",
         nargs="+",
         default=["graph"],
-        help="dynamic | static | graph, optionally :KV_BUCKET (e.g. graph:128; graph:0 = one graph)",
+        help="dynamic | static | graph, optionally :KV_BUCKET (e.g. graph:128; graph = graph:0, one graph)",
     )
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
@@ -156,7 +156,7 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     for dec in args.decoders:
         kind, _, bucket = dec.partition(":")
-        pipe = ARPipeline(bundle, params, stop_at_eos=False, decoder=kind, kv_bucket=int(bucket or 64))  # type: ignore[arg-type]
+        pipe = ARPipeline(bundle, params, stop_at_eos=False, decoder=kind, kv_bucket=int(bucket or 0))  # type: ignore[arg-type]
         engine = TrainsideEngine(pipe, weight_version=lambda: backend.global_step)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()

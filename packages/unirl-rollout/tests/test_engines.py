@@ -109,6 +109,29 @@ def test_trainside_can_sample_in_training_mode(sd3_bundle) -> None:  # type: ign
     assert modes and all(modes)  # sampled with the training-mode module (a compiled graph's guard)
 
 
+def test_trainside_enters_the_sampling_context_around_each_generate(sd3_bundle) -> None:  # type: ignore[no-untyped-def]
+    from contextlib import contextmanager
+
+    events: list[str] = []
+
+    @contextmanager
+    def gathered():  # type: ignore[no-untyped-def]
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    hook = sd3_bundle.transformer.register_forward_hook(lambda *a: events.append("forward"))
+    engine = TrainsideEngine(
+        FlowMatchPipeline(sd3_bundle, default_params=tiny_params()), sampling_context=gathered
+    )
+    try:
+        engine.generate(samples(1), rollout_step=0)
+    finally:
+        hook.remove()
+    assert events[0] == "enter" and events[-1] == "exit" and events.count("enter") == 1
+    assert "forward" in events[1:-1]
+
+
 def test_trainside_version_and_sleep_rules(sd3_bundle) -> None:  # type: ignore[no-untyped-def]
     engine = TrainsideEngine(FlowMatchPipeline(sd3_bundle, default_params=tiny_params()), weight_version=2)
     engine.set_weight_version(3)

@@ -25,7 +25,16 @@ from unirl.rollout.engines.guards import check_weight_stamp, weight_stamp
 from unirl.rollout.engines.weights import materialize
 from unirl.types import Part, Sample, TextPrimitive, TextSegment
 
-__all__ = ["ARTrainer", "Recipe", "run"]
+__all__ = ["ARTrainer", "Recipe", "engine_model_dir", "run"]
+
+
+def engine_model_dir(recipe: Recipe, bundle: Any, scratch: Path) -> Path:
+    """Where a dedicated engine loads its initial weights: the model's own local directory, else
+    (built in code, GGUF, 'pkg:') ``bundle``'s weights saved to ``scratch``."""
+    path = recipe.model.path
+    if path and recipe.model.gguf_file is None and (Path(path) / "config.json").is_file():
+        return Path(path)
+    return Path(bundle.save_pretrained(scratch))
 
 
 class ARTrainer(Trainer):
@@ -36,8 +45,13 @@ class ARTrainer(Trainer):
         model_cfg = recipe.model.model_copy(update={"device": str(self.device)})
         self.bundle = model_cfg.build()
         self.data = recipe.data.build()
+        engine_cfg = recipe.rollout.engine
         self.pipeline = ARPipeline(
-            self.bundle, recipe.sampling, stage=self.stage, prompt_template=recipe.prompt_template
+            self.bundle,
+            recipe.sampling,
+            stage=self.stage,
+            prompt_template=recipe.prompt_template,
+            decoder=engine_cfg.decoder if engine_cfg.kind == "trainside" else "dynamic",
         )
         engine_dir = self._engine_model_dir(recipe)  # before the backend shards / wraps the model
         self.backend = recipe.backend.build(self.bundle.model, device=self.device)
@@ -52,19 +66,18 @@ class ARTrainer(Trainer):
 
     # ---- the rollout engine (trainside or dedicated) -----------------------------------------
     def _engine_model_dir(self, recipe: Recipe) -> Path | None:
-        """Where a dedicated engine loads its initial weights: the model's own local directory,
-        else (built in code, GGUF, 'pkg:') the trainer's initial weights saved into the run."""
         if recipe.rollout.engine.kind == "trainside":
             return None
-        path = recipe.model.path
-        if path and recipe.model.gguf_file is None and (Path(path) / "config.json").is_file():
-            return Path(path)
-        return self.bundle.save_pretrained(self.run.root / "engine_init")
+        return engine_model_dir(recipe, self.bundle, self.run.root / "engine_init")
 
     def _build_engine(self, recipe: Recipe, model_dir: Path | None) -> Any:
         cfg = recipe.rollout.engine
         if cfg.kind == "trainside":
-            return TrainsideEngine(self.pipeline, weight_version=lambda: self.backend.global_step)
+            return TrainsideEngine(
+                self.pipeline,
+                weight_version=lambda: self.backend.global_step,
+                sampling_context=self.backend.gathered if cfg.decoder != "dynamic" else None,
+            )
         return cfg.build(
             self.pipeline,
             model_dir,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from unirl.apps.data import PromptListConfig
 from unirl.apps.trainers.phases import RLPhase, RunSettings, SFTPhaseBase
@@ -27,9 +27,26 @@ class TrainsideEngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["trainside"] = "trainside"
+    decoder: Literal["dynamic", "static", "graph"] = Field(
+        default="dynamic",
+        description="decode loop: dynamic (growing KV cache, any model), static (fixed-shape step) or "
+        "graph (static, each token step replayed as a CUDA graph: the fast path on a GPU). All draw "
+        "the same tokens; the static ones sample with the weights gathered once per rollout",
+    )
 
 
-EngineConfig = Annotated[TrainsideEngineConfig | VLLMEngineConfig, Field(discriminator="kind")]
+def _engine_kind(value: Any) -> str:
+    """The engine's ``kind``; a mapping without one (e.g. ``rollout.engine.decoder=graph`` alone
+    on the command line) means the default, trainside."""
+    if isinstance(value, dict):
+        return str(value.get("kind", "trainside"))
+    return str(getattr(value, "kind", "trainside"))
+
+
+EngineConfig = Annotated[
+    Annotated[TrainsideEngineConfig, Tag("trainside")] | Annotated[VLLMEngineConfig, Tag("vllm")],
+    Discriminator(_engine_kind),
+]
 
 
 class ARRolloutConfig(BaseModel):

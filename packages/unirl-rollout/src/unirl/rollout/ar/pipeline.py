@@ -55,7 +55,8 @@ class ARPipeline:
             CUDA: the fast path for launch-bound batch decoding; see ``decode_static``). All three
             draw the same tokens from the same uniforms.
         kv_bucket: static decoders: attention reads the filled KV cache rounded up to a multiple
-            of this many slots, one CUDA graph per bucket (0: the whole cache, one graph).
+            of this many slots, one CUDA graph per bucket (0, the default: the whole cache, one
+            graph; measured fastest in docs/benchmarks.md).
     """
 
     def __init__(
@@ -71,7 +72,7 @@ class ARPipeline:
         sync_every: int = 16,
         lockstep_group: Any = None,
         decoder: Literal["dynamic", "static", "graph"] = "dynamic",
-        kv_bucket: int = 64,
+        kv_bucket: int = 0,
     ) -> None:
         if decoder != "dynamic" and lockstep_group is not None:
             raise ValueError(

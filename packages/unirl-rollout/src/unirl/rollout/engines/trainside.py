@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,6 +25,8 @@ class TrainsideEngine:
             read at each ``generate`` (e.g. the backend's optimizer-step counter).
         offload_frozen: on ``sleep`` move the bundle's frozen modules to CPU, back on ``wake_up``
             (only for pipelines with a ``bundle`` exposing ``frozen_modules()`` and ``device``).
+        sampling_context: a context manager factory entered around every ``generate``, e.g. a
+            train backend's ``gathered`` (weights gathered once for the whole rollout).
         eval_mode: sample with the trainable modules in eval mode (restored afterwards). False
             keeps the training mode, e.g. so a compiled module reuses its training graph (the
             mode is part of what a compiled graph is specialised on).
@@ -35,8 +39,10 @@ class TrainsideEngine:
         weight_version: int | Callable[[], int] = 0,
         offload_frozen: bool = False,
         eval_mode: bool = True,
+        sampling_context: Callable[[], AbstractContextManager[Any]] | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.sampling_context = sampling_context
         self.eval_mode = eval_mode
         self._version = weight_version
         self.offload_frozen = offload_frozen
@@ -76,7 +82,8 @@ class TrainsideEngine:
         for m in mods:
             m.eval()
         try:
-            with torch.no_grad():
+            ctx = self.sampling_context() if self.sampling_context is not None else nullcontext()
+            with torch.no_grad(), ctx:
                 out = self.pipeline.generate(samples, rollout_step=rollout_step)
         finally:
             for m, t in zip(mods, was_training):
