@@ -47,8 +47,11 @@ def test_vllm_with_lora_is_rejected_at_load_time() -> None:
         )
 
 
-def test_ray_layout_rejects_a_dedicated_engine() -> None:
-    r = recipe(rollout={"engine": {"kind": "vllm"}})
-    with pytest.raises(ValueError, match="layout.kind='single'"):
-        check_layout(r, LayoutConfig(kind="ray"))
-    check_layout(recipe(), LayoutConfig(kind="ray"))  # trainside stays allowed
+def test_ray_layout_takes_vllm_but_not_one_attached_server_for_several_workers() -> None:
+    vllm = recipe(rollout={"engine": {"kind": "vllm"}})
+    check_layout(vllm, LayoutConfig(kind="ray", rollout_workers=2))  # each worker starts its own engine
+    attached = recipe(rollout={"engine": {"kind": "vllm", "mode": "server", "url": "http://127.0.0.1:8000"}})
+    check_layout(attached, LayoutConfig(kind="ray", rollout_workers=1))
+    with pytest.raises(ValueError, match="cannot share one attached vLLM server"):
+        check_layout(attached, LayoutConfig(kind="ray", rollout_workers=2))
+    check_layout(recipe(), LayoutConfig(kind="ray", rollout_workers=2))  # trainside: any number

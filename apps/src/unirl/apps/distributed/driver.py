@@ -2,7 +2,7 @@
 
 The driver keeps what is cheap and global (data, reward, advantages, the run directory) and
 drives two Remotes: ``train`` (data-parallel FSDP2 ranks) and ``rollout`` (trainside pipeline
-copies). One RL step reads top to bottom::
+copies, or vLLM engines with ``rollout.engine.kind: vllm``). One RL step reads top to bottom::
 
     prompts -> rollout (rollout workers) -> reward (driver) -> advantages (driver)
             -> train_on (call_dp: each train rank gets its shard) -> weight sync -> log
@@ -61,6 +61,9 @@ class DistributedRL(Trainer):
         self.reward = RewardService.local(recipe.reward)
         alg = recipe.rl.algorithm if recipe.rl else None
         self.algorithm = alg.build() if alg is not None else None  # reward shaping only (driver side)
+        engine = getattr(getattr(recipe, "rollout", None), "engine", None)
+        self.dedicated = getattr(engine, "kind", "trainside") != "trainside"
+        """True when the rollout workers sample with a dedicated engine (vLLM)."""
         self.synced_version: int | None = None
         self.sync_checks: list[dict[str, Any]] = []
         """One entry per sync: version, ticket checksum, trainer/rollout weight checksums."""
@@ -91,9 +94,15 @@ class DistributedRL(Trainer):
             slab=self.slabs["train"],
             share=plan.slab_of("train").share,
         )
+        cls: type[RolloutWorker] = RolloutWorker
+        extra: dict[str, Any] = {}
+        if self.dedicated:  # a vLLM engine samples; the pipeline copy is its verified reference
+            from unirl.apps.distributed.vllm_rollout import VLLMRolloutWorker
+
+            cls, extra = VLLMRolloutWorker, {"scratch": self._scratch.name}
         try:
             self.rollout_remote: RayRemote[RolloutWorker] = spawn(
-                partial(RolloutWorker, stage=self.stage, recipe=self.cfg, threads=threads),
+                partial(cls, stage=self.stage, recipe=self.cfg, threads=threads, **extra),
                 name="rollout",
                 mesh=MeshShape(dp=lay.rollout_workers),
                 slab=self.slabs["rollout"],
@@ -123,7 +132,13 @@ class DistributedRL(Trainer):
             slab.release()
 
     def shutdown(self) -> None:
-        """Stop every worker and give the devices back."""
+        """Stop every worker and give the devices back (a dedicated engine is closed first: a
+        launched server process is no child Ray would reap)."""
+        if self.dedicated and self.rollout_remote.hosts:
+            try:
+                self.rollout_remote.call_all_async(RolloutWorker.close).result(60.0)
+            except Exception as e:  # shutting down anyway (also after a failure): report, go on
+                log.warning("closing the rollout engines failed: %s", e)
         self.rollout_remote.shutdown()
         self.train.shutdown()
         self._release_slabs()
@@ -164,6 +179,11 @@ class DistributedRL(Trainer):
                 raise WeightSyncError(
                     f"weight sync v{version}: rollout weights {got} differ from the trainer's {want}"
                 )
+        if self.dedicated:  # each engine verified the load (stamp, changed params, canary)
+            engines = self.rollout_remote.call_all(RolloutWorker.engine_sync)
+            if any(e is None or e["version"] != version for e in engines):
+                raise WeightSyncError(f"weight sync v{version}: the rollout engines report {engines}")
+            check["engine"] = engines
         self.sync_checks.append(check)
         self.synced_version = version
         out = {
@@ -202,7 +222,12 @@ class DistributedRL(Trainer):
         return self.train.call_rank0(TrainWorker.sft_parts, batch_size, step)
 
     def after_train_step(self) -> dict[str, float]:
-        return self.sync_weights()
+        m = self.sync_weights()
+        if self.dedicated:  # parity of this step's rollout, canary of this sync: the worst worker
+            for wm in self.rollout_remote.call_all(RolloutWorker.metrics):
+                for k, v in wm.items():
+                    m[k] = max(m.get(k, v), v)
+        return m
 
     def after_phase(self, name: str) -> None:
         self.sync_weights()

@@ -6,7 +6,9 @@ A recipe switches layout by config only::
 
 ``train_workers`` data-parallel FSDP2 ranks (gloo on CPU, NCCL on GPU) train; ``rollout_workers``
 hold a trainside copy of the pipeline and receive the trained weights through the weight plane
-(with ``backend.lora``: the base weights once, then only the adapter tensors).
+(with ``backend.lora``: the base weights once, then only the adapter tensors). With
+``rollout.engine.kind: vllm`` each rollout worker samples with its own vLLM engine and pushes
+every received version into it (verified); LoRA with vLLM is rejected by the AR recipe itself.
 """
 
 from __future__ import annotations
@@ -70,17 +72,25 @@ class LayoutConfig(BaseModel):
 
 
 def check_layout(recipe: Any, layout: LayoutConfig) -> None:
-    """Raise ValueError when the recipe's batches cannot be split over ``layout.train_workers``.
+    """Raise ValueError when the recipe's batches cannot be split over ``layout.train_workers``, or
+    its dedicated engine cannot serve ``layout.rollout_workers``.
 
     The RL geometry is per rank (``rl.geometry`` sizes count Parts on one rank), so each rank's
     shard ``prompts_per_step * samples_per_prompt / train_workers`` must be a valid shard.
     """
     engine = getattr(getattr(recipe, "rollout", None), "engine", None)
-    if layout.kind == "ray" and getattr(engine, "kind", "trainside") != "trainside":
+    if (
+        layout.kind == "ray"
+        and getattr(engine, "kind", "trainside") == "vllm"
+        and getattr(engine, "url", None)
+        and layout.rollout_workers > 1
+    ):
+        # every rollout worker pushes each version into its own engine; sharing one server, the
+        # second push of a version would change nothing and fail the no-op-sync guard
         raise ValueError(
-            f"rollout.engine.kind={engine.kind!r} with layout.kind='ray': Ray rollout workers hold a "  # type: ignore[union-attr]  # not None here
-            "trainside copy only; run the dedicated engine with layout.kind='single' (it already runs in "
-            "its own processes) or use rollout.engine.kind='trainside'"
+            f"rollout.engine.url={engine.url!r} with layout.rollout_workers={layout.rollout_workers}: "  # type: ignore[union-attr]  # not None here
+            "rollout workers cannot share one attached vLLM server; use rollout_workers=1, or leave "
+            "rollout.engine.url unset so each worker starts its own engine"
         )
     n = layout.train_workers
     rl = getattr(recipe, "rl", None)

@@ -5,7 +5,9 @@
   every train rank; it trains the shard the driver scatters to it and sends weights (rank 0 is
   the weight-plane source; the other ranks take part in the DTensor gathers).
 - :class:`RolloutWorker`: a trainside copy of the domain pipeline (bundle + pipeline + engine, no
-  optimizer) that samples and receives the trained weights through the weight plane.
+  optimizer) that samples and receives the trained weights through the weight plane. With
+  ``rollout.engine.kind: vllm`` its subclass ``VLLMRolloutWorker`` (vllm_rollout.py) samples with
+  a dedicated vLLM engine and keeps the copy as the engine's verified reference.
 
 LoRA (``backend.lora``): the rollout copy gets the same peft adapters injected, unmerged, so its
 parameter names and its forward are the trainer's (base(x) + scale * B(A(x)), not a merged weight
@@ -75,6 +77,10 @@ class TrainWorker:
 
     def __init__(self, info: RankInfo, *, domain: type, recipe: Any, scratch: str, threads: int) -> None:
         self.info = info
+        engine = getattr(getattr(recipe, "rollout", None), "engine", None)
+        if getattr(engine, "kind", "trainside") != "trainside":
+            # the rollout workers own the dedicated engine; a train rank only trains
+            recipe = recipe.model_copy(update={"rollout": type(recipe.rollout)()})
         # the domain trainer builds bundle, backend (FSDP2 over this Remote's group), algorithm;
         # its RunDir is a scratch dir: the driver owns the real run directory
         self.trainer = domain(recipe, RunDir(Path(scratch) / f"train{info.rank}", tensorboard=False))
@@ -272,7 +278,7 @@ class RolloutWorker:
                 f"rollout{self.info.rank}: weight v{ack.version} lacks {len(missing)} parameters, e.g. "
                 f"{sorted(missing)[:3]}"
             )
-        self.engine.set_weight_version(ack.version)
+        self._publish(ack)
         return ack
 
     def pull_adapters(self, ticket: SyncTicket | None) -> SyncAck:
@@ -290,8 +296,24 @@ class RolloutWorker:
                 f"rollout{self.info.rank}: adapter-only weight v{ack.version} loaded {len(got)} of "
                 f"{len(self.adapters)} adapter tensors; missing e.g. {missing[:3]}"
             )
-        self.engine.set_weight_version(ack.version)
+        self._publish(ack)
         return ack
+
+    def _publish(self, ack: SyncAck) -> None:
+        """Serve the weights just loaded into ``self.module`` as version ``ack.version``."""
+        self.engine.set_weight_version(ack.version)
+
+    def engine_sync(self) -> dict[str, Any] | None:
+        """What a dedicated engine verified at the last sync (None: the trainside copy has none)."""
+        return None
+
+    def metrics(self) -> dict[str, float]:
+        """Rollout-side guard metrics of the last rollout / sync (trainside: none)."""
+        return {}
+
+    def close(self) -> None:
+        """Release what the worker started outside its own process (trainside: nothing)."""
+        return None
 
     def weights_checksum(self) -> str:
         return weights_checksum(self.module)

@@ -96,7 +96,11 @@ class VLLMEngine:
         parity_every: check parity on every n-th ``generate`` (0: never).
         canary_bound: max allowed canary log-prob gap after a sync.
         sync_dir: where weight files are written (default ``/dev/shm`` if present, else tmp).
-        weight_version: the version of the weights the engine was started with.
+        weight_version: the version of the weights the engine was started with (-1: start-up
+            weights that are no trainer version yet; the first sync may then be version 0).
+        weight_checksum: checksum (``weight_stamp``) of the start-up weights, when known: a first
+            sync of exactly these bytes is then no "silent no-op" (the engine's parameters
+            rightly stay the same).
     """
 
     def __init__(
@@ -113,6 +117,7 @@ class VLLMEngine:
         strict_sync: bool = True,
         sleep_level: int | None = None,
         weight_version: int = 0,
+        weight_checksum: str | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.backend = backend
@@ -125,7 +130,7 @@ class VLLMEngine:
         self.strict_sync = strict_sync
         self.sleep_level = sleep_level
         self._version = weight_version
-        self._last_checksum: str | None = None
+        self._last_checksum = weight_checksum
         self._unsynced: str | None = None
         self._calls = 0
         self.asleep = False

@@ -132,11 +132,14 @@ class VLLMEngineConfig(BaseModel):
         *,
         reference: nn.Module | None = None,
         weight_version: int = 0,
+        weight_checksum: str | None = None,
     ) -> Any:
         """Start (or attach to) vLLM and return a ``VLLMEngine`` over ``pipeline``'s tokenizer.
 
         ``model_path``: local checkpoint directory holding the engine's initial weights (the
         same as the trainer's). ``reference``: the trainer's in-process model, for parity checks.
+        ``weight_version`` / ``weight_checksum``: version and checksum of those initial weights
+        (see ``VLLMEngine``).
         """
         require_vllm()
         from unirl.rollout.engines.vllm import VLLMEngine
@@ -181,6 +184,7 @@ class VLLMEngineConfig(BaseModel):
             canary_bound=self.canary_bound,
             sleep_level=sleep_level,
             weight_version=weight_version,
+            weight_checksum=weight_checksum,
         )
 
 

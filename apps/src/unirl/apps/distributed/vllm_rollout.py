@@ -1,0 +1,83 @@
+"""`VLLMRolloutWorker`: a Ray rollout worker that samples with a dedicated vLLM engine.
+
+It is a :class:`RolloutWorker` (same weight-plane endpoint, same sink that loads every bucket
+into the worker's trainside copy of the model) whose sampler is a ``VLLMEngine`` started from
+that copy's initial weights. After each sync the copy holds the trainer's weights exactly (every
+bucket checksummed by the weight plane, every parameter required); the worker then hands the
+copy's parameters (Hugging Face names, a tied head once) to ``engine.update_weights``, which
+checks the bytes vLLM loaded against their stamp, that vLLM's own parameters changed, and that
+a canary sequence scores the same in vLLM and in the copy. The copy is also the engine's parity
+``reference``: each rollout's vLLM log-probs are compared with its replay (``parity_bound``).
+
+vLLM runs in the actor's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the ``uni``
+executor): no fork of a multi-threaded Ray worker, and when Ray kills the actor nothing is
+left behind. ``mode: server`` still launches a server process; ``close`` (called by the driver
+before it kills the actors) stops it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from unirl.apps.distributed.workers import RolloutWorker
+from unirl.distributed.rank import RankInfo
+from unirl.distributed.weightsync import SyncAck
+from unirl.rollout.engines.guards import check_weight_stamp
+from unirl.rollout.engines.weights import module_weights, stamp_of
+from unirl.types import Sample
+
+__all__ = ["VLLMRolloutWorker"]
+
+
+class VLLMRolloutWorker(RolloutWorker):
+    """A rollout worker whose samples come from vLLM (``rollout.engine.kind: vllm``)."""
+
+    def __init__(self, info: RankInfo, *, stage: str, recipe: Any, threads: int, scratch: str) -> None:
+        from unirl.apps.trainers.ar import engine_model_dir
+
+        super().__init__(info, stage=stage, recipe=recipe, threads=threads)
+        # before vLLM is imported: its engine core runs in this process (see the module doc)
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        model_dir = engine_model_dir(recipe, self.bundle, Path(scratch) / f"rollout{info.rank}_engine_init")
+        initial = stamp_of(module_weights(self.module), 0)  # only its checksum is used
+        # version -1: the start-up weights are no trainer version; the driver syncs before sampling
+        self.engine: Any = recipe.rollout.engine.build(
+            self.pipeline,
+            model_dir,
+            reference=self.module,
+            weight_version=-1,
+            weight_checksum=initial.checksum,
+        )
+        self.last_sync: dict[str, Any] | None = None
+
+    def generate(self, samples: list[Sample]) -> list[Sample]:
+        if self.last_sync is None:
+            raise RuntimeError(
+                f"rollout{self.info.rank}: vLLM asked to sample before the first weight sync; "
+                "the driver must sync the trainer's weights first"
+            )
+        return super().generate(samples)
+
+    def _publish(self, ack: SyncAck) -> None:
+        """Push the copy's freshly loaded weights into vLLM as ``ack.version`` (verified there)."""
+        items = module_weights(self.module)
+        stamp = stamp_of(items, ack.version)
+        got = self.engine.update_weights(items, stamp)
+        check_weight_stamp(got, stamp, f"rollout{self.info.rank} vLLM engine")
+        self.last_sync = {
+            "version": got.version,
+            "checksum": got.checksum,
+            "tensors": got.num_tensors,
+            "canary_gap": self.engine.last_canary_gap,
+        }
+
+    def engine_sync(self) -> dict[str, Any] | None:
+        return self.last_sync
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self.engine.metrics())
+
+    def close(self) -> None:
+        self.engine.close()
