@@ -202,10 +202,6 @@ class DistributedRoute:
         addr = self.master_address or node_ip()
         port = self.master_port or free_port()
         world = 1 + self.engine_world_size
-        joiner = _Thread(
-            new_weight_update_group, self.backend, addr, port, 0, world, self.group_name, self.timeout_s
-        )
-        joiner.start()
         body = {
             "master_address": addr,
             "master_port": port,
@@ -214,11 +210,33 @@ class DistributedRoute:
             "group_name": self.group_name,
             "backend": self.backend,
         }
-        resp = self.client.post_json(
-            "/init_weights_update_group", body, idempotent=False, timeout_s=self.timeout_s
+        # The server joins the group inside this request, so the request waits in a thread while
+        # this thread hosts the rendezvous. Not the other way round: a rendezvous left waiting in
+        # a thread after a refusal keeps a C++ store thread alive past interpreter exit (abort).
+        poster = _Thread(
+            lambda: self.client.post_json(
+                "/init_weights_update_group", body, idempotent=False, timeout_s=self.timeout_s
+            )
         )
-        _check_ok(resp, "/init_weights_update_group", self.client.url)
-        self.group = joiner.outcome(self.timeout_s, f"joining the weight-update group at {addr}:{port}")
+        poster.start()
+        try:
+            group = new_weight_update_group(
+                self.backend, addr, port, 0, world, self.group_name, self.timeout_s
+            )
+        except Exception as e:
+            poster.join(self.timeout_s)
+            if poster.error is None and poster.result is not None:
+                _check_ok(poster.result, "/init_weights_update_group", self.client.url)
+            if poster.error is not None:
+                raise poster.error from e
+            raise WeightSyncError(f"joining the weight-update group at {addr}:{port} failed: {e}") from e
+        try:
+            resp = poster.outcome(self.timeout_s, "/init_weights_update_group")
+            _check_ok(resp, "/init_weights_update_group", self.client.url)
+        except BaseException:
+            group.shutdown()
+            raise
+        self.group = group
 
     def close(self) -> None:
         """Tear the weight-update group down (its communicator threads must not outlive the process)."""
