@@ -6,7 +6,8 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 from unirl.apps import cli
-from unirl.apps.config import RecipeError, load, load_dict
+from unirl.apps.cli import trainer_module
+from unirl.apps.config import RecipeError, load, load_dict, shipped_recipes, validate
 
 
 class Inner(BaseModel):
@@ -69,3 +70,11 @@ def test_cli_help_lists_commands(capsys):
     out = capsys.readouterr().out
     for word in ("train", "sft", "eval", "recipes", "report.md"):
         assert word in out
+
+
+@pytest.mark.parametrize("name", sorted(shipped_recipes()))
+def test_every_shipped_recipe_validates(name: str) -> None:
+    """Each recipe `unirl recipes` lists loads into its trainer's typed Recipe with no overrides."""
+    data = load_dict(name)
+    recipe = validate(trainer_module(data["trainer"]).Recipe, data, source=f"recipe {name!r}")
+    assert recipe.trainer == data["trainer"]
