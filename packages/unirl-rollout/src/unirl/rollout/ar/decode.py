@@ -59,6 +59,55 @@ def left_pad(
     return ids_BP.to(device), mask_BP.to(device)
 
 
+class DecodeState:
+    """Device buffers of one decode call: sampled tokens, log-probs, lengths, stop flags, the token
+    fed back and the step index (fixed addresses, so a captured CUDA graph can read and write them)."""
+
+    def __init__(self, B: int, N: int, device: torch.device, pad_token_id: int) -> None:
+        self.tokens_BN = torch.full((B, N), pad_token_id, dtype=torch.long, device=device)
+        self.logp_BN = torch.zeros((B, N), dtype=torch.float32, device=device)
+        self.lengths_B = torch.zeros(B, dtype=torch.long, device=device)
+        self.stopped_B = torch.zeros(B, dtype=torch.bool, device=device)
+        self.finished_B = torch.zeros(B, dtype=torch.bool, device=device)
+        self.tok_B1 = torch.full((B, 1), pad_token_id, dtype=torch.long, device=device)
+        self.t = torch.zeros(1, dtype=torch.long, device=device)  # the step being sampled
+
+    def output(self, steps: int) -> DecodeOutput:
+        """The first ``steps`` steps, on CPU."""
+        return DecodeOutput(
+            tokens=self.tokens_BN[:, :steps].cpu(),
+            logprobs=self.logp_BN[:, :steps].cpu(),
+            lengths=self.lengths_B.cpu(),
+            stopped=self.stopped_B.cpu(),
+        )
+
+
+def record_step(
+    st: DecodeState,
+    logits_BV: Tensor,
+    u_BN: Tensor,
+    limits_B: Tensor,
+    stop_ids: Tensor,
+    pad: Tensor,
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+) -> None:
+    """Draw step ``st.t``'s token from ``logits_BV`` and record it (all tensor ops, no host sync)."""
+    u_B = u_BN.index_select(1, st.t).squeeze(1)
+    tok_B, lp_B = sample_next_token(logits_BV, u_B, temperature=temperature, top_k=top_k, top_p=top_p)
+    active_B = ~st.finished_B
+    tok_B = torch.where(active_B, tok_B, pad)
+    st.tokens_BN.index_copy_(1, st.t, tok_B[:, None])
+    st.logp_BN.index_copy_(1, st.t, torch.where(active_B, lp_B, torch.zeros_like(lp_B))[:, None])
+    st.lengths_B.add_(active_B.long())
+    hit_B = active_B & torch.isin(tok_B, stop_ids)
+    st.stopped_B.logical_or_(hit_B)
+    st.finished_B.logical_or_(hit_B | (st.lengths_B >= limits_B))
+    st.tok_B1.copy_(tok_B[:, None])
+
+
 @torch.no_grad()
 def decode(
     model: nn.Module,
@@ -108,11 +157,8 @@ def decode(
     stop_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long, device=device)
     pad = torch.tensor(pad_token_id, dtype=torch.long, device=device)
 
-    tokens_BN = torch.full((B, N), pad_token_id, dtype=torch.long, device=device)
-    logp_BN = torch.zeros((B, N), dtype=torch.float32, device=device)
-    lengths_B = torch.zeros(B, dtype=torch.long, device=device)
-    stopped_B = torch.zeros(B, dtype=torch.bool, device=device)
-    finished_B = torch.zeros(B, dtype=torch.bool, device=device)
+    st = DecodeState(B, N, device, pad_token_id)
+    sample = dict(temperature=temperature, top_k=top_k, top_p=top_p)
 
     kw = cache_kwarg(model)
     cache = DynamicCache(config=getattr(model, "config", None))
@@ -124,39 +170,25 @@ def decode(
     logits_BV = out.logits[:, -1]
     steps = 0
     for t in range(N):
-        tok_B, lp_B = sample_next_token(
-            logits_BV, u_BN[:, t], temperature=temperature, top_k=top_k, top_p=top_p
-        )
-        active_B = ~finished_B
-        tok_B = torch.where(active_B, tok_B, pad)
-        tokens_BN[:, t] = tok_B
-        logp_BN[:, t] = torch.where(active_B, lp_B, torch.zeros_like(lp_B))
-        lengths_B += active_B.long()
-        hit_B = active_B & torch.isin(tok_B, stop_ids)
-        stopped_B |= hit_B
-        finished_B |= hit_B | (lengths_B >= limits_B)
+        st.t.fill_(t)
+        record_step(st, logits_BV, u_BN, limits_B, stop_ids, pad, **sample)
         steps = t + 1
         if steps == N:
             break
         if steps % sync_every == 0:
             if stop_check is not None:
-                _mark_stop_strings(tokens_BN[:, :steps], lengths_B, finished_B, stop_check)
-            done = finished_B.all().to(torch.int32)
+                _mark_stop_strings(st.tokens_BN[:, :steps], st.lengths_B, st.finished_B, stop_check)
+            done = st.finished_B.all().to(torch.int32)
             if group is not None:
                 torch.distributed.all_reduce(done, op=torch.distributed.ReduceOp.MIN, group=group)
             if bool(done):
                 break
         out = model(
-            input_ids=tok_B[:, None], attention_mask=attn_BL[:, : P + steps], position_ids=(pos_B + t)[:, None],
+            input_ids=st.tok_B1, attention_mask=attn_BL[:, : P + steps], position_ids=(pos_B + t)[:, None],
             use_cache=True, **{kw: cache},
         )  # fmt: skip
         logits_BV = out.logits[:, -1]
-    return DecodeOutput(
-        tokens=tokens_BN[:, :steps].cpu(),
-        logprobs=logp_BN[:, :steps].cpu(),
-        lengths=lengths_B.cpu(),
-        stopped=stopped_B.cpu(),
-    )
+    return st.output(steps)
 
 
 def _resolve_group(group: Any) -> Any:

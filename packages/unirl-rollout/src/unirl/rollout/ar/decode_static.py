@@ -38,8 +38,14 @@ import torch
 from torch import Tensor, nn
 from transformers import StaticCache
 
-from unirl.rollout.ar.decode import DecodeOutput, _mark_stop_strings, cache_kwarg, left_pad
-from unirl.rollout.ar.sampling import sample_next_token
+from unirl.rollout.ar.decode import (
+    DecodeOutput,
+    DecodeState,
+    _mark_stop_strings,
+    cache_kwarg,
+    left_pad,
+    record_step,
+)
 
 __all__ = ["decode_static"]
 
@@ -80,45 +86,6 @@ def _register_attention() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION, _decode_attention)
-
-
-class _State:
-    """Device buffers of one decode call (fixed addresses: a captured graph reads and writes them)."""
-
-    def __init__(self, B: int, P: int, N: int, device: torch.device, pad_token_id: int) -> None:
-        self.tokens_BN = torch.full((B, N), pad_token_id, dtype=torch.long, device=device)
-        self.logp_BN = torch.zeros((B, N), dtype=torch.float32, device=device)
-        self.lengths_B = torch.zeros(B, dtype=torch.long, device=device)
-        self.stopped_B = torch.zeros(B, dtype=torch.bool, device=device)
-        self.finished_B = torch.zeros(B, dtype=torch.bool, device=device)
-        self.tok_B1 = torch.full((B, 1), pad_token_id, dtype=torch.long, device=device)
-        self.t = torch.zeros(1, dtype=torch.long, device=device)  # the step being sampled
-
-
-def _record(
-    st: _State,
-    logits_BV: Tensor,
-    u_BN: Tensor,
-    limits_B: Tensor,
-    stop_ids: Tensor,
-    pad: Tensor,
-    *,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-) -> None:
-    """Draw step ``st.t``'s token from ``logits_BV`` and record it (all tensor ops, no host sync)."""
-    u_B = u_BN.index_select(1, st.t).squeeze(1)
-    tok_B, lp_B = sample_next_token(logits_BV, u_B, temperature=temperature, top_k=top_k, top_p=top_p)
-    active_B = ~st.finished_B
-    tok_B = torch.where(active_B, tok_B, pad)
-    st.tokens_BN.index_copy_(1, st.t, tok_B[:, None])
-    st.logp_BN.index_copy_(1, st.t, torch.where(active_B, lp_B, torch.zeros_like(lp_B))[:, None])
-    st.lengths_B.add_(active_B.long())
-    hit_B = active_B & torch.isin(tok_B, stop_ids)
-    st.stopped_B.logical_or_(hit_B)
-    st.finished_B.logical_or_(hit_B | (st.lengths_B >= limits_B))
-    st.tok_B1.copy_(tok_B[:, None])
 
 
 @torch.no_grad()
@@ -169,13 +136,13 @@ def decode_static(
     kw = cache_kwarg(model)
     _check_model(model)
     cache = StaticCache(config=model.config, max_cache_len=L)
-    st = _State(B, P, N, device, pad_token_id)
+    st = DecodeState(B, N, device, pad_token_id)
     sample = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     out = model(
         input_ids=ids_BP, attention_mask=mask_BP, position_ids=(mask_BP.cumsum(-1) - 1).clamp(min=0),
         use_cache=True, logits_to_keep=1, **{kw: cache},
     )  # fmt: skip
-    _record(st, out.logits[:, -1], u_BN, limits_B, stop_ids, pad, **sample)  # step 0
+    record_step(st, out.logits[:, -1], u_BN, limits_B, stop_ids, pad, **sample)  # step 0
 
     def step() -> None:
         """Feed token t-1 (at cache slot P + t - 1), sample token t."""
@@ -185,7 +152,7 @@ def decode_static(
             input_ids=st.tok_B1, attention_mask={"full_attention": mask_B11L},
             position_ids=(pos_B + prev)[:, None], use_cache=True, **{kw: cache},
         ).logits[:, -1]  # fmt: skip
-        _record(st, logits, u_BN, limits_B, stop_ids, pad, **sample)
+        record_step(st, logits, u_BN, limits_B, stop_ids, pad, **sample)
 
     use_graph = graph and device.type == "cuda"
     runs: dict[int, Callable[[], None]] = {}
@@ -218,12 +185,7 @@ def decode_static(
     finally:
         model.config._attn_implementation = saved_impl
         _KV_LEN[0] = 0
-    return DecodeOutput(
-        tokens=st.tokens_BN[:, :steps].cpu(),
-        logprobs=st.logp_BN[:, :steps].cpu(),
-        lengths=st.lengths_B.cpu(),
-        stopped=st.stopped_B.cpu(),
-    )
+    return st.output(steps)
 
 
 def _check_model(model: nn.Module) -> None:
@@ -248,7 +210,9 @@ def _cache_lengths(cache: StaticCache) -> list[Tensor]:
     return out
 
 
-def _capture(step: Callable[[], None], st: _State, cache: StaticCache, pool: object) -> Callable[[], None]:
+def _capture(
+    step: Callable[[], None], st: DecodeState, cache: StaticCache, pool: object
+) -> Callable[[], None]:
     """Capture ``step`` as a CUDA graph; the warm-up and capture runs leave no trace in the state."""
     lengths = _cache_lengths(cache)
     saved_len = [x.clone() for x in lengths]
