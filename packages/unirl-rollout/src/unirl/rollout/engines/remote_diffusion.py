@@ -24,15 +24,22 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from unirl.rollout.engines.guards import check_sigma_echo
-from unirl.rollout.engines.http import EngineHTTPClient, EngineProtocolError
+from unirl.rollout.engines.http import EngineHTTPClient, EngineProtocolError, HTTPEngineConfig
 from unirl.rollout.noise import noise_key, stable_seed
 from unirl.rollout.schedules import static_shifted_sigmas
 from unirl.types import DiffusionSamplingParams, ImagePrimitive, LatentTrajectory, Part, Sample
 
-__all__ = ["RemoteDiffusionEngine", "RemoteTrajectory", "RolloutRequest", "image_from_array"]
+__all__ = [
+    "RemoteDiffusionEngine",
+    "RemoteDiffusionEngineConfig",
+    "RemoteTrajectory",
+    "RolloutRequest",
+    "image_from_array",
+]
 
 
 @dataclass(frozen=True)
@@ -232,3 +239,28 @@ class RemoteDiffusionEngine(abc.ABC):
 
     def close(self) -> None:
         self.client.close()
+
+
+class RemoteDiffusionEngineConfig(HTTPEngineConfig):
+    """The fields every HTTP diffusion engine config shares (``sglang``, ``vllm_omni``)."""
+
+    sampling: DiffusionSamplingParams | None = Field(default=None, description="for Parts that carry none")
+    stage: str = Field(default="diffusion", min_length=1)
+    prompt_part: str | None = Field(default=None, description="prompt from this earlier Part's text")
+    sigma_atol: float = Field(default=1e-6, ge=0)
+    sigma_rtol: float = Field(default=1e-5, ge=0)
+    max_concurrency: int = Field(default=8, ge=1, description="requests in flight")
+
+    def engine_kwargs(self, pin: Any = None) -> dict[str, Any]:
+        """``RemoteDiffusionEngine`` keyword arguments from these fields (and ``pin`` when given)."""
+        kw: dict[str, Any] = dict(
+            stage=self.stage,
+            prompt_part=self.prompt_part,
+            default_params=self.sampling,
+            sigma_atol=self.sigma_atol,
+            sigma_rtol=self.sigma_rtol,
+            max_concurrency=self.max_concurrency,
+        )
+        if pin is not None:
+            kw["pin"] = pin
+        return kw

@@ -22,7 +22,7 @@ log-probs moved; optionally, the canary log-probs match the trainer's within a b
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -378,13 +378,21 @@ class SGLangLLMEngine:
         self.client.close()
 
 
-class _Config(BaseModel):
+class _SyncConfig(BaseModel):
+    """A weight-sync mode; its fields are the keyword arguments of its route (``route_cls``)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+    route_cls: ClassVar[type]
+
+    def route(self, client: EngineHTTPClient) -> DistributedRoute | DiskRoute | LoraRoute:
+        """The route of this mode over ``client``."""
+        return self.route_cls(client, **self.model_dump(exclude={"mode"}))  # type: ignore[no-any-return]
 
 
-class SGLangDistributedSync(_Config):
+class SGLangDistributedSync(_SyncConfig):
     """Weights by collective broadcast (``/init_weights_update_group`` + ``/update_weights_from_distributed``)."""
 
+    route_cls: ClassVar[type] = DistributedRoute
     mode: Literal["distributed"] = "distributed"
     engine_world_size: int = Field(
         ge=1, description="server processes in the group: SGLang tp_size * dp_size"
@@ -397,9 +405,10 @@ class SGLangDistributedSync(_Config):
     timeout_s: float = Field(default=600.0, gt=0, description="group formation and per-bucket bound")
 
 
-class SGLangDiskSync(_Config):
+class SGLangDiskSync(_SyncConfig):
     """Weights as safetensors shards in a directory shared with the server (``/update_weights_from_disk``)."""
 
+    route_cls: ClassVar[type] = DiskRoute
     mode: Literal["disk"] = "disk"
     directory: str = Field(min_length=1, description="written here, read by the server under the same path")
     load_format: str | None = None
@@ -407,9 +416,10 @@ class SGLangDiskSync(_Config):
     timeout_s: float = Field(default=600.0, gt=0)
 
 
-class SGLangLoraSync(_Config):
+class SGLangLoraSync(_SyncConfig):
     """LoRA adapters written per version and loaded with ``/load_lora_adapter`` under a fresh name."""
 
+    route_cls: ClassVar[type] = LoraRoute
     mode: Literal["lora"] = "lora"
     directory: str = Field(min_length=1, description="adapter directories, readable by the server")
     rank: int = Field(ge=1)
@@ -458,38 +468,7 @@ class SGLangLLMEngineConfig(HTTPEngineConfig):
         client = self.client(transport)
         if self.health_timeout_s > 0:
             client.wait_healthy(timeout_s=self.health_timeout_s)
-        ws = self.weight_sync
-        route: DistributedRoute | DiskRoute | LoraRoute | None = None
-        if isinstance(ws, SGLangDistributedSync):
-            route = DistributedRoute(
-                client,
-                engine_world_size=ws.engine_world_size,
-                master_address=ws.master_address,
-                master_port=ws.master_port,
-                group_name=ws.group_name,
-                backend=ws.backend,
-                bucket_bytes=ws.bucket_bytes,
-                timeout_s=ws.timeout_s,
-            )
-        elif isinstance(ws, SGLangDiskSync):
-            route = DiskRoute(
-                client,
-                directory=ws.directory,
-                load_format=ws.load_format,
-                keep_last=ws.keep_last,
-                timeout_s=ws.timeout_s,
-            )
-        elif isinstance(ws, SGLangLoraSync):
-            route = LoraRoute(
-                client,
-                directory=ws.directory,
-                rank=ws.rank,
-                alpha=ws.alpha,
-                target_modules=ws.target_modules,
-                adapter_name=ws.adapter_name,
-                base_model=ws.base_model,
-                timeout_s=ws.timeout_s,
-            )
+        route = self.weight_sync.route(client) if self.weight_sync is not None else None
         canary = codec.encode_prompt(self.canary_prompt) if self.canary_prompt else None
         return SGLangLLMEngine(
             client,

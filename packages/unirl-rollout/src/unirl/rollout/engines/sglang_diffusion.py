@@ -29,15 +29,14 @@ from unirl.rollout.engines.http import (
     EngineHTTPClient,
     EngineHTTPError,
     EngineProtocolError,
-    HTTPEngineConfig,
 )
 from unirl.rollout.engines.remote_diffusion import (
     RemoteDiffusionEngine,
+    RemoteDiffusionEngineConfig,
     RemoteTrajectory,
     RolloutRequest,
     image_from_array,
 )
-from unirl.types import DiffusionSamplingParams
 
 __all__ = ["SGLangDiffusionEngine", "SGLangDiffusionEngineConfig", "load_safetensors_blob"]
 
@@ -152,16 +151,10 @@ class SGLangDiffusionEngine(RemoteDiffusionEngine):
         super().wake_up()
 
 
-class SGLangDiffusionEngineConfig(HTTPEngineConfig):
+class SGLangDiffusionEngineConfig(RemoteDiffusionEngineConfig):
     """A dedicated SGLang-Diffusion engine (``rollout.engine.kind: sglang``)."""
 
     kind: Literal["sglang"] = "sglang"
-    sampling: DiffusionSamplingParams | None = Field(default=None, description="for Parts that carry none")
-    stage: str = Field(default="diffusion", min_length=1)
-    prompt_part: str | None = Field(default=None, description="prompt from this earlier Part's text")
-    sigma_atol: float = Field(default=1e-6, ge=0)
-    sigma_rtol: float = Field(default=1e-5, ge=0)
-    max_concurrency: int = Field(default=8, ge=1, description="requests in flight")
     sleep_path: str | None = Field(
         default=None, description="route that releases memory; None: sleep frees nothing"
     )
@@ -169,16 +162,9 @@ class SGLangDiffusionEngineConfig(HTTPEngineConfig):
 
     def build(self, *, pin: Any = None, transport: Any = None) -> SGLangDiffusionEngine:
         client = self.client(transport)
-        kw: dict[str, Any] = {"pin": pin} if pin is not None else {}
         return SGLangDiffusionEngine(
             client,
-            stage=self.stage,
-            prompt_part=self.prompt_part,
-            default_params=self.sampling,
-            sigma_atol=self.sigma_atol,
-            sigma_rtol=self.sigma_rtol,
-            max_concurrency=self.max_concurrency,
             sleep_path=self.sleep_path,
             wake_path=self.wake_path,
-            **kw,
+            **self.engine_kwargs(pin),
         )

@@ -31,11 +31,15 @@ from pydantic import Field
 from unirl.rollout.engines.http import (
     EngineHTTPClient,
     EngineProtocolError,
-    HTTPEngineConfig,
     require,
 )
-from unirl.rollout.engines.remote_diffusion import RemoteDiffusionEngine, RemoteTrajectory, RolloutRequest
-from unirl.types import DiffusionSamplingParams, decode_tensor, to_torch
+from unirl.rollout.engines.remote_diffusion import (
+    RemoteDiffusionEngine,
+    RemoteDiffusionEngineConfig,
+    RemoteTrajectory,
+    RolloutRequest,
+)
+from unirl.types import decode_tensor, to_torch
 
 __all__ = ["VLLMOmniEngine", "VLLMOmniEngineConfig"]
 
@@ -166,31 +170,18 @@ class VLLMOmniEngine(RemoteDiffusionEngine):
         super().wake_up()
 
 
-class VLLMOmniEngineConfig(HTTPEngineConfig):
+class VLLMOmniEngineConfig(RemoteDiffusionEngineConfig):
     """A dedicated vLLM-Omni diffusion engine (``rollout.engine.kind: vllm_omni``)."""
 
     kind: Literal["vllm_omni"] = "vllm_omni"
     model: str | None = Field(default=None, description="served model name (the request's `model`)")
-    sampling: DiffusionSamplingParams | None = Field(default=None, description="for Parts that carry none")
-    stage: str = Field(default="diffusion", min_length=1)
-    prompt_part: str | None = None
-    sigma_atol: float = Field(default=1e-6, ge=0)
-    sigma_rtol: float = Field(default=1e-5, ge=0)
-    max_concurrency: int = Field(default=8, ge=1)
     sleep_level: int | None = Field(default=None, ge=1, le=2, description="vLLM sleep level; None: no sleep")
 
     def build(self, *, pin: Any = None, transport: Any = None) -> VLLMOmniEngine:
         client = self.client(transport)
-        kw: dict[str, Any] = {"pin": pin} if pin is not None else {}
         return VLLMOmniEngine(
             client,
             model=self.model,
             sleep_level=self.sleep_level,
-            stage=self.stage,
-            prompt_part=self.prompt_part,
-            default_params=self.sampling,
-            sigma_atol=self.sigma_atol,
-            sigma_rtol=self.sigma_rtol,
-            max_concurrency=self.max_concurrency,
-            **kw,
+            **self.engine_kwargs(pin),
         )
