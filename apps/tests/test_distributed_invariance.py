@@ -10,9 +10,7 @@ adapters (compared unmerged: the adapters themselves, B starting at zero).
 
 from __future__ import annotations
 
-import os
 import tempfile
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -22,12 +20,9 @@ import torch
 
 from unirl.apps.config import load_dict, validate
 from unirl.apps.distributed.recipes import ARLayoutRecipe
-from unirl.apps.distributed.workers import TrainWorker, build_rollout
-from unirl.apps.loop import make_samples
+from unirl.apps.distributed.workers import TrainWorker
 from unirl.apps.trainers.ar import ARTrainer
 from unirl.distributed import MeshShape, RayRemote, split_dp
-from unirl.rollout.engines import TrainsideEngine
-from unirl.types import Reward, compute_sample_advantages
 
 pytestmark = pytest.mark.slow
 
@@ -52,39 +47,6 @@ def tiny_recipe(*overrides: str) -> ARLayoutRecipe:
     data = load_dict("arithmetic_grpo", [*TINY, *overrides])
     data["reward"] = EXACT  # a scorer every version of the shipped recipe has
     return validate(ARLayoutRecipe, data)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[Any]:
-    import ray
-
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"  # workers inherit it: keep the shared cores free
-    try:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    finally:
-        os.environ.pop("OMP_NUM_THREADS") if saved is None else os.environ.update(OMP_NUM_THREADS=saved)
-    yield ray
-    ray.shutdown()
-
-
-def rl_batches(recipe: ARLayoutRecipe, n: int) -> list[list[Any]]:
-    """``n`` batches of Parts sampled in this process, rewards 0, 1, 2, 0, ... and group advantages."""
-    torch.manual_seed(0)
-    _, pipeline, _ = build_rollout(recipe, "ar", torch.device("cpu"))
-    engine = TrainsideEngine(pipeline)
-    records = recipe.data.build().train_records()[: recipe.rl.prompts_per_step]
-    batches = []
-    for step in range(n):
-        samples = make_samples(
-            records, step=step, samples_per_prompt=recipe.rl.samples_per_prompt, split="train", dataset="t"
-        )
-        samples = engine.generate(samples, rollout_step=step)
-        for i, s in enumerate(samples):
-            s.part("ar").reward = Reward(total=float(i % 3), components={})
-        compute_sample_advantages(samples, "ar", recipe.rl.advantage)
-        batches.append([s.part("ar") for s in samples])
-    return batches
 
 
 def train_two_steps(
@@ -115,7 +77,7 @@ LORA = ["backend.lora.r=4", "backend.lora.alpha=8", "backend.lora.target_modules
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_world_size_two_matches_one(ray_cluster: Any, lora: bool) -> None:
+def test_world_size_two_matches_one(ray_cluster: Any, rl_batches: Any, lora: bool) -> None:
     recipe = tiny_recipe(*(LORA if lora else []))
     batches = rl_batches(recipe, 2)
     # rewards 0,1,2,0 | 1,2,0,1: the two 1s of group 2 sit at its mean (advantage 0), the rest do not

@@ -9,8 +9,6 @@ the Parts of each step must carry the version of the weights that sampled them.
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,20 +53,6 @@ def tiny_recipe(*overrides: str) -> ARLayoutRecipe:
     data = load_dict("arithmetic_grpo", [*TINY, *overrides])
     data["reward"] = EXACT  # a scorer every version of the shipped recipe has
     return validate(ARLayoutRecipe, data)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[Any]:
-    import ray
-
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"  # workers inherit it: keep the shared cores free
-    try:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    finally:
-        os.environ.pop("OMP_NUM_THREADS") if saved is None else os.environ.update(OMP_NUM_THREADS=saved)
-    yield ray
-    ray.shutdown()
 
 
 def test_colocate_rollout_weights_follow_every_sync(ray_cluster: Any, tmp_path: Path) -> None:

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import tempfile
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -24,12 +23,10 @@ import torch
 
 from unirl.apps.config import load_dict, validate
 from unirl.apps.distributed.recipes import ARLayoutRecipe
-from unirl.apps.distributed.workers import TrainWorker, build_rollout
-from unirl.apps.loop import latest_checkpoint, make_samples
+from unirl.apps.distributed.workers import TrainWorker
+from unirl.apps.loop import latest_checkpoint
 from unirl.apps.trainers.ar import ARTrainer
 from unirl.distributed import MeshShape, RayRemote, split_dp
-from unirl.rollout.engines import TrainsideEngine
-from unirl.types import Reward, compute_sample_advantages
 
 pytestmark = pytest.mark.slow
 
@@ -49,39 +46,6 @@ TINY = [
     "eval.num_prompts=2",
     "checkpoint_format=sharded",
 ]
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[Any]:
-    import ray
-
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"  # workers inherit it: keep the shared cores free
-    try:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    finally:
-        os.environ.pop("OMP_NUM_THREADS") if saved is None else os.environ.update(OMP_NUM_THREADS=saved)
-    yield ray
-    ray.shutdown()
-
-
-def rl_batches(recipe: ARLayoutRecipe, n: int) -> list[list[Any]]:
-    """``n`` batches of Parts sampled in this process, rewards 0, 1, 2, 0, ... and group advantages."""
-    torch.manual_seed(0)
-    _, pipeline, _ = build_rollout(recipe, "ar", torch.device("cpu"))
-    engine = TrainsideEngine(pipeline)
-    records = recipe.data.build().train_records()[: recipe.rl.prompts_per_step]
-    batches = []
-    for step in range(n):
-        samples = make_samples(
-            records, step=step, samples_per_prompt=recipe.rl.samples_per_prompt, split="train", dataset="t"
-        )
-        samples = engine.generate(samples, rollout_step=step)
-        for i, s in enumerate(samples):
-            s.part("ar").reward = Reward(total=float(i % 3), components={})
-        compute_sample_advantages(samples, "ar", recipe.rl.advantage)
-        batches.append([s.part("ar") for s in samples])
-    return batches
 
 
 def spawn(recipe: ARLayoutRecipe, dp: int, scratch: str, name: str) -> RayRemote[TrainWorker]:
@@ -108,7 +72,9 @@ def resume_step(
         remote.shutdown()
 
 
-def test_sharded_checkpoint_sigkill_resume_and_reshard(ray_cluster: Any, tmp_path: Path) -> None:
+def test_sharded_checkpoint_sigkill_resume_and_reshard(
+    ray_cluster: Any, rl_batches: Any, tmp_path: Path
+) -> None:
     recipe = validate(ARLayoutRecipe, {**load_dict("arithmetic_grpo", TINY), "reward": EXACT})
     batches = rl_batches(recipe, 2)
     slot = tmp_path / "checkpoints" / "latest"

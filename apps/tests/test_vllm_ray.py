@@ -14,8 +14,6 @@ one vLLM start per test (~30 s on 2 cores).
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,20 +72,6 @@ def vllm_processes() -> list[str]:
         if "EngineCore" in text or "vllm.entrypoints" in text:
             out.append(f"{p.info['pid']}: {text[:120]}")
     return out
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[Any]:
-    import ray
-
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"  # workers inherit it: keep the shared cores free
-    try:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    finally:
-        os.environ.pop("OMP_NUM_THREADS") if saved is None else os.environ.update(OMP_NUM_THREADS=saved)
-    yield ray
-    ray.shutdown()
 
 
 def check_rl_rows(rows: list[dict[str, Any]], versions: list[float]) -> None:
