@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-import torch
 from torch import nn
 
 from unirl.rollout.ar.bundle import CausalLMBundle
@@ -26,9 +25,9 @@ from unirl.rollout.ar.decode import decode
 from unirl.rollout.ar.decode_static import decode_static
 from unirl.rollout.ar.replay import TokenReplay, replay_token_logprobs
 from unirl.rollout.ar.sampling import derive_seed, draw_uniforms
-from unirl.rollout.ar.segments import ar_params, loss_mask, text_segment
+from unirl.rollout.ar.segments import ar_params, fill_text_part, loss_mask, text_segment
 from unirl.rollout.ar.stopping import cut_at_stop_string, first_stop
-from unirl.types import ARSamplingParams, Part, Sample, TextPrimitive, TextSegment
+from unirl.types import ARSamplingParams, Part, Sample
 
 _Job = tuple[Sample, Part, list[int]]
 
@@ -193,16 +192,10 @@ class ARPipeline:
             else:
                 text = decode_text(response)
             finish: Literal["stop", "length"] = "stop" if stopped else "length"
-            part.segment = TextSegment(
-                prompt_ids=prompt_ids,
-                response_ids=response,
-                log_probs=out.logprobs[b, :n].clone(),
-                loss_mask=torch.ones(n, dtype=torch.bool),
-                finish_reason=finish,
-            )
-            part.outputs = [TextPrimitive(text=text, role="assistant")]
-            part.sampling_params = params
-            part.status = "completed" if finish == "stop" else "truncated"
+            fill_text_part(
+                part, prompt_ids=prompt_ids, response_ids=response, log_probs=out.logprobs[b, :n].clone(),
+                text=text, finish=finish, params=params,
+            )  # fmt: skip
 
     # ---- replay ------------------------------------------------------------------------------
     def replay_logprobs(self, parts: Sequence[Part], *, with_entropy: bool = False) -> TokenReplay:

@@ -1,13 +1,42 @@
-"""Reading text Parts into padded ``[B, T]`` tensors (stored log-probs, loss masks)."""
+"""Text Parts: recording a finished completion on one, and reading them into padded ``[B, T]``
+tensors (stored log-probs, loss masks)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-from unirl.types import ARSamplingParams, Part, TextSegment, to_torch
+from unirl.types import ARSamplingParams, Part, PartStatus, TextPrimitive, TextSegment, to_torch
+
+STATUS: dict[str, PartStatus] = {"stop": "completed", "length": "truncated", "abort": "aborted"}
+
+
+def fill_text_part(
+    part: Part,
+    *,
+    prompt_ids: list[int],
+    response_ids: list[int],
+    log_probs: Tensor | Sequence[float],
+    text: str,
+    finish: Literal["stop", "length", "abort"],
+    params: ARSamplingParams,
+) -> None:
+    """Record one finished completion on ``part`` (every engine's way): the TextSegment with a
+    full loss mask, the assistant text output, the sampling params and the status
+    (stop -> completed, length -> truncated, abort -> aborted)."""
+    part.segment = TextSegment(
+        prompt_ids=prompt_ids,
+        response_ids=response_ids,
+        log_probs=torch.as_tensor(log_probs, dtype=torch.float32),
+        loss_mask=torch.ones(len(response_ids), dtype=torch.bool),
+        finish_reason=finish,
+    )
+    part.outputs = [TextPrimitive(text=text, role="assistant")]
+    part.sampling_params = params
+    part.status = STATUS[finish]
 
 
 def text_segment(part: Part) -> TextSegment:

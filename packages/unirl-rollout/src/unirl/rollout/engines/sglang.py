@@ -30,6 +30,7 @@ from torch import Tensor
 
 from unirl.distributed.errors import WeightSyncError
 from unirl.rollout.ar.sampling import derive_seed
+from unirl.rollout.ar.segments import fill_text_part
 from unirl.rollout.ar.stopping import cut_at_stop_string
 from unirl.rollout.engines.guards import check_weight_stamp, logprob_parity
 from unirl.rollout.engines.http import (
@@ -39,7 +40,7 @@ from unirl.rollout.engines.http import (
     require,
 )
 from unirl.rollout.engines.sglang_sync import DiskRoute, DistributedRoute, LoraRoute
-from unirl.types import ARSamplingParams, Part, Sample, TextPrimitive, TextSegment, WeightStamp
+from unirl.types import ARSamplingParams, Part, Sample, WeightStamp
 
 __all__ = [
     "PromptCodec",
@@ -253,16 +254,15 @@ class SGLangLLMEngine:
             if cut is not None:
                 n, text = cut
                 ids, lps = ids[:n], lps[:n]
-        part.segment = TextSegment(
+        fill_text_part(
+            part,
             prompt_ids=prompt_ids,
             response_ids=ids,
-            log_probs=torch.tensor(lps, dtype=torch.float32),
-            loss_mask=torch.ones(len(ids), dtype=torch.bool),
-            finish_reason=finish,
+            log_probs=lps,
+            text=text,
+            finish=finish,
+            params=params,
         )
-        part.outputs = [TextPrimitive(text=text, role="assistant")]
-        part.sampling_params = params
-        part.status = {"stop": "completed", "length": "truncated", "abort": "aborted"}[finish]
         part.weight_version = self.weight_version
 
     # ---- weights -----------------------------------------------------------------------------

@@ -45,12 +45,12 @@ from unirl.rollout.ar.bundle import CausalLMBundle
 from unirl.rollout.ar.pipeline import ARPipeline
 from unirl.rollout.ar.replay import replay_token_logprobs
 from unirl.rollout.ar.sampling import derive_seed
-from unirl.rollout.ar.segments import ar_params, behavior_logprobs
+from unirl.rollout.ar.segments import ar_params, behavior_logprobs, fill_text_part
 from unirl.rollout.ar.stopping import cut_at_stop_string
 from unirl.rollout.engines.guards import logprob_parity
 from unirl.rollout.engines.vllm_backends import Backend, Completion, Request
 from unirl.rollout.engines.weights import materialize
-from unirl.types import ARSamplingParams, Part, Sample, TextPrimitive, TextSegment, WeightStamp
+from unirl.types import ARSamplingParams, Part, Sample, WeightStamp
 
 __all__ = ["LogprobsMode", "VLLMEngine", "check_logprobs_mode", "resolve_logprobs_mode"]
 
@@ -211,16 +211,10 @@ class VLLMEngine:
         else:
             text = self.bundle.decode(response)
         finish: Literal["stop", "length"] = "stop" if stopped else "length"
-        part.segment = TextSegment(
-            prompt_ids=prompt_ids,
-            response_ids=response,
-            log_probs=torch.tensor(logps, dtype=torch.float32),
-            loss_mask=torch.ones(len(response), dtype=torch.bool),
-            finish_reason=finish,
-        )
-        part.outputs = [TextPrimitive(text=text, role="assistant")]
-        part.sampling_params = params
-        part.status = "completed" if finish == "stop" else "truncated"
+        fill_text_part(
+            part, prompt_ids=prompt_ids, response_ids=response, log_probs=logps, text=text, finish=finish,
+            params=params,
+        )  # fmt: skip
         part.weight_version = self._version
 
     # ---- parity ---------------------------------------------------------------------------
