@@ -267,11 +267,7 @@ class FSDPBackend:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()` output (every rank passes the full state)."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
 
         missing = set(self.trainable) - set(state["model"])
         # remove_duplicate=False: tied weights (e.g. lm_head tied to the embeddings) are saved under
@@ -284,7 +280,12 @@ class FSDPBackend:
                 f"checkpoint model state does not match the trainable parameters: missing "
                 f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]} (same lora config?)"
             )
-        opts = StateDictOptions(full_state_dict=True, strict=False)
+        self._load(state, StateDictOptions(full_state_dict=True, strict=False))
+
+    def _load(self, state: dict[str, Any], opts: Any) -> None:
+        """Model and optimizer (with ``opts``), scheduler, EMA and step, from either state layout."""
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
         set_model_state_dict(self.module, state["model"], options=opts)
         set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"], options=opts)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -315,19 +316,9 @@ class FSDPBackend:
 
     def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `sharded_state_dict()` output laid out for this rank (DTensors of this mesh)."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        opts = StateDictOptions(strict=False)  # frozen params are not in the state
-        set_model_state_dict(self.module, state["model"], options=opts)
-        set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"], options=opts)
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.ema is not None:
-            self.ema.load_state_dict(state["ema"])
-        self._step = int(state["global_step"])
+        self._load(state, StateDictOptions(strict=False))  # frozen params are not in the state
 
 
 def enable_gradient_checkpointing(module: Any) -> None:
