@@ -31,10 +31,15 @@ def make_samples(
     dataset: str,
     tag: str = "",
 ) -> list[Sample]:
-    """``samples_per_prompt`` siblings per record; siblings share the group id ``<split><step><tag>/<record id>``."""
+    """``samples_per_prompt`` siblings per record; siblings share the group id ``<split><step><tag>/<record id>``.
+
+    A record listed twice (``draw`` crosses an epoch boundary) gets a second group, ``.../<id>~1``:
+    its own sample ids, so its own noise, and a group of ``samples_per_prompt`` like every other."""
     out = []
+    seen: dict[str, int] = {}
     for r in records:
-        gid = f"{split}{step}{tag}/{r.id}"
+        n = seen[r.id] = seen.get(r.id, -1) + 1
+        gid = f"{split}{step}{tag}/{r.id}" + (f"~{n}" if n else "")
         for k in range(samples_per_prompt):
             out.append(
                 Sample(
