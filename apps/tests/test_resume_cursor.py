@@ -21,3 +21,25 @@ def test_sft_then_train_continues_sft_from_its_cursor(tmp_path: Path) -> None:
     assert [r["step"] for r in rows if r["phase"] == "sft"] == [0, 1, 2, 3, 4]
     assert [r["step"] for r in rows if r["phase"] == "rl"] == [0, 1]
     assert rows[-1]["phase"] == "eval"
+
+
+@pytest.mark.slow
+def test_rl_reset_optimizer_applies_once_when_rl_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from unirl.train.backends.fsdp import FSDPBackend
+
+    calls: list[int] = []
+    reset = FSDPBackend.reset_optimizer
+
+    def spy(self: FSDPBackend) -> None:
+        calls.append(self.global_step)
+        reset(self)
+
+    monkeypatch.setattr(FSDPBackend, "reset_optimizer", spy)
+    run = tmp_path / "run"
+    args = ["arithmetic_grpo", "sft.steps=3", *TINY, "rl.reset_optimizer=true", "--run-dir", str(run)]
+    assert cli.main(["train", *args]) == 0
+    assert calls == [3]  # once, after SFT's 3 optimizer steps, before RL's first
+    # resumed at rl step 2 with a longer RL phase: the checkpointed optimizer state is kept
+    assert cli.main(["train", *args[:-2], "rl.steps=4", "--run-dir", str(run)]) == 0
+    assert calls == [3]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if r["phase"] == "rl"] == [0, 1, 2, 3]

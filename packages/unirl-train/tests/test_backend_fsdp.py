@@ -49,6 +49,26 @@ def test_clipping_uses_total_norm_and_reports_it() -> None:
     torch.testing.assert_close(full(b.module.weight.detach()), torch.tensor([[0.9, -1.1]]), atol=1e-6, rtol=0)
 
 
+def test_reset_optimizer_gives_a_fresh_adam_and_keeps_weights_and_step() -> None:
+    def moved(reset: bool) -> torch.Tensor:
+        b = linear_backend()
+        for _ in range(2):  # large gradients along +x: large moments
+            backward_xy(b, (300.0, 400.0))
+            b.step()
+        if reset:
+            b.reset_optimizer()
+            assert len(b.optimizer.state) == 0 and b.global_step == 2
+        w = full(b.module.weight.detach()).clone()
+        backward_xy(b, (-3e-3, -4e-3))  # a small gradient the other way
+        b.step()
+        assert b.global_step == 3
+        return full(b.module.weight.detach()) - w
+
+    # the old moments keep pushing the weights down; a fresh AdamW's first step is +lr * sign(-g)
+    assert (moved(reset=False) < 0).all()
+    torch.testing.assert_close(moved(reset=True), torch.tensor([[0.1, 0.1]]), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_nonfinite_grad_skips_the_step(bad: float) -> None:
     b = linear_backend(ema=EMAConfig(decay=0.5), scheduler=LinearWarmupSchedule(warmup_steps=2))

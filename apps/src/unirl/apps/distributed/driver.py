@@ -214,8 +214,10 @@ class DistributedRL(Trainer):
         return self.engine.generate(samples, rollout_step=step)
 
     # ---- phase hooks: the shared loops of Trainer run on the workers ------------------------------
-    def begin_phase(self, name: str) -> Callable[[list[Part]], dict[str, float]]:
-        self.train.call_all(TrainWorker.begin, name)
+    def begin_phase(
+        self, name: str, *, reset_optimizer: bool = False
+    ) -> Callable[[list[Part]], dict[str, float]]:
+        self.train.call_all(TrainWorker.begin, name, reset_optimizer)
         return self.train_on
 
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:

@@ -107,9 +107,12 @@ class TrainWorker:
         return int(self.backend.global_step)
 
     # -- training -----------------------------------------------------------------------------
-    def begin(self, phase: str) -> None:
-        """Set up the TrainStack of ``phase`` ('sft' or 'rl'), as the single-process trainer does."""
-        self.stack = self.trainer.make_stack(phase, dp_size=self.info.dp_size)
+    def begin(self, phase: str, reset_optimizer: bool = False) -> None:
+        """Set up the TrainStack of ``phase`` ('sft' or 'rl'), as the single-process trainer does
+        (``reset_optimizer``: drop the optimizer state first, on every rank)."""
+        self.stack = self.trainer.make_stack(
+            phase, dp_size=self.info.dp_size, reset_optimizer=reset_optimizer
+        )
 
     def train_on(self, shards: list[list[Part]]) -> list[dict[str, float]]:
         """Train on this rank's shard (DP dispatch of one shard per dp rank: ``shards`` holds

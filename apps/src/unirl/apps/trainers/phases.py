@@ -47,6 +47,12 @@ class RLPhase(BaseModel):
     geometry: BatchGeometry
     lr: float | None = Field(default=None, gt=0, description="overrides backend.optimizer.lr for this phase")
     dynamic_sampling: DynamicSamplingConfig | None = None
+    reset_optimizer: bool = Field(
+        default=False,
+        description="start RL with fresh optimizer state instead of the SFT phase's: Adam's second "
+        "moments from SFT (gradients often far larger than the policy gradient's) otherwise shrink "
+        "RL's steps for hundreds of steps. Applied once, when RL starts at step 0 (not on resume).",
+    )
 
     @model_validator(mode="after")
     def _shard(self) -> RLPhase:

@@ -58,6 +58,9 @@ class TrainBackend(Protocol):
     def step(self) -> StepStats:
         """Clip, skip if non-finite, optimizer step, scheduler step, EMA update."""
 
+    def reset_optimizer(self) -> None:
+        """Drop the optimizer state (moments, step counts); weights, schedule, EMA and step stay."""
+
     def all_reduce(self, values: Sequence[float], op: Literal["sum", "max"] = "sum") -> list[float]:
         """Reduce a few scalars over the data-parallel ranks."""
 

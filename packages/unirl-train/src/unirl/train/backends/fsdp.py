@@ -160,6 +160,12 @@ class FSDPBackend:
             self.module.set_requires_gradient_sync(last_micro_batch)  # type: ignore[operator]
         loss.backward()
 
+    def reset_optimizer(self) -> None:
+        """Drop the optimizer's per-parameter state (AdamW's moments and step counts); the
+        weights, the schedule, the EMA and `global_step` are kept. A new phase that should not
+        inherit the previous phase's moments (RL after SFT) calls this before its first step."""
+        self.optimizer.state.clear()
+
     def step(self) -> StepStats:
         """Clip to `grad_clip`, skip on a non-finite norm, else AdamW + schedule + EMA."""
         params = list(self.trainable.values())
