@@ -16,9 +16,11 @@ table with ratios against the first one listed; every step after the first ``--w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -43,7 +45,9 @@ TINY = dict(
 )  # fmt: skip
 
 
-def build(tiny: bool, device: torch.device, compile_layers: bool = False) -> tuple[CausalLMBundle, object]:
+def build(
+    tiny: bool, device: torch.device, compile_layers: str = "", reshard: bool = False
+) -> tuple[CausalLMBundle, object]:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     tok = CausalLMBundle.tiny_qwen3().tokenizer
@@ -52,14 +56,19 @@ def build(tiny: bool, device: torch.device, compile_layers: bool = False) -> tup
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen3ForCausalLM(cfg)
-    if compile_layers:  # regional compilation of the cache-free parts: MLPs and RMSNorms
+    if compile_layers == "layers":  # each whole decoder layer (training and prefill run them)
+        for layer in model.model.layers:
+            layer.compile()
+    elif compile_layers:  # regional compilation of the cache-free parts: MLPs and RMSNorms
         for layer in model.model.layers:
             for mod in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm):
                 mod.compile()
             layer.self_attn.q_norm.compile()
             layer.self_attn.k_norm.compile()
         model.model.norm.compile()
-    backend = FSDPConfig(optimizer=AdamWConfig(lr=1e-6), grad_clip=1.0).build(model, device)
+    backend = FSDPConfig(optimizer=AdamWConfig(lr=1e-6), grad_clip=1.0, reshard_after_forward=reshard).build(
+        model, device
+    )
     return CausalLMBundle(model, tok), backend
 
 
@@ -73,7 +82,29 @@ def prompt_of(bundle: CausalLMBundle, n_tokens: int, salt: int) -> str:
     return text
 
 
-def one_step(args, bundle, backend, pipe, engine, step: int) -> dict[str, float]:
+# Wall time of each decode loop call (the rest of gen_s: prompts, prefill setup, texts).
+DECODE_S: list[float] = []
+
+
+def _timed_decoder() -> None:
+    import unirl.rollout.ar.pipeline as pipeline_mod
+
+    inner = pipeline_mod.decode_static
+
+    def timed(*a, **kw):  # type: ignore[no-untyped-def]
+        sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+        sync()
+        t = time.perf_counter()
+        out = inner(*a, **kw)
+        sync()
+        DECODE_S.append(time.perf_counter() - t)
+        return out
+
+    pipeline_mod.decode_static = timed  # type: ignore[assignment]
+
+
+def one_step(args, bundle, backend, pipe, engine, step: int, prof=contextlib.nullcontext) -> dict[str, float]:
+    """One timed GRPO step; ``prof()`` wraps the rollout and, separately, the train step."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     samples = [
         Sample(
@@ -85,8 +116,9 @@ def one_step(args, bundle, backend, pipe, engine, step: int) -> dict[str, float]
         for i in range(args.group)
     ]
     sync()
+    DECODE_S.clear()
     t0 = time.perf_counter()
-    with backend.gathered():
+    with backend.gathered(), prof("rollout"):
         samples = engine.generate(samples, rollout_step=step)
     sync()
     t1 = time.perf_counter()
@@ -95,12 +127,14 @@ def one_step(args, bundle, backend, pipe, engine, step: int) -> dict[str, float]
     for p, a in zip(parts, compute_advantages(rewards, [s.group_id for s in samples])):
         p.advantage = float(a)
     stack = TrainStack(backend, GRPOConfig().build(), pipe, BatchGeometry(micro_batch_size=args.micro))
-    metrics = stack.train_on(parts)
+    with prof("train"):
+        metrics = stack.train_on(parts)
     sync()
     t2 = time.perf_counter()
     tokens = sum(len(p.segment.response_ids) for p in parts)
     return {
         "gen_s": t1 - t0,
+        "decode_s": sum(DECODE_S),
         "train_s": t2 - t1,
         "step_s": t2 - t0,
         "tokens": tokens,
@@ -110,20 +144,16 @@ def one_step(args, bundle, backend, pipe, engine, step: int) -> dict[str, float]
     }
 
 
-def profile(args, bundle, backend, params) -> None:
+@contextlib.contextmanager
+def profiled(name: str) -> Iterator[None]:
+    """Print the top CUDA kernels of the wrapped region."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    pipe = ARPipeline(
-        bundle, params.model_copy(update={"max_new_tokens": 32}), stop_at_eos=False, decoder="static"
-    )
-    samples = [Sample(id=f"x{i}", group_id="x", inputs=[TextPrimitive(text=prompt_of(bundle, args.prompt_tokens, 1))])
-               for i in range(args.prompts * args.group)]  # fmt: skip
-    with backend.gathered():
-        pipe.generate(samples, rollout_step=0)
-        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            pipe.generate(samples, rollout_step=1)
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield
+    print(f"== {name}: top CUDA kernels")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
 
 
 def main() -> None:
@@ -132,7 +162,7 @@ def main() -> None:
         "--decoders",
         nargs="+",
         default=["graph"],
-        help="dynamic | static | graph, optionally :KV_BUCKET (e.g. graph:128; graph = graph:0, one graph)",
+        help="dynamic | static | graph | compiled | fused, optionally :KV_BUCKET (e.g. graph:128; graph = graph:0, one graph)",
     )
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
@@ -142,16 +172,25 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per decoder")
     ap.add_argument("--tiny", action="store_true", help="tiny model and sizes (CPU smoke run)")
-    ap.add_argument("--compile", action="store_true", help="compile the MLPs and RMSNorms (regional)")
     ap.add_argument(
-        "--profile", action="store_true", help="print the top CUDA kernels of 32 static decode steps"
+        "--compile", nargs="?", const="regional", default="",
+        help="compile the model's modules: regional (the MLPs and RMSNorms; the default) or layers (each decoder layer)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile one more step of the last decoder: top CUDA kernels of its rollout and train step",
+    )
+    ap.add_argument(
+        "--reshard", action="store_true", help="FSDP reshard_after_forward (re-gather for backward)"
     )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.tiny:
         args.prompts, args.group, args.prompt_tokens, args.new_tokens, args.micro = 2, 2, 24, 6, 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    bundle, backend = build(args.tiny, device, args.compile)
+    _timed_decoder()
+    bundle, backend = build(args.tiny, device, args.compile, args.reshard)
     params = ARSamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, stop_token_ids=[], seed=0)
     results: dict[str, dict[str, float]] = {}
     for dec in args.decoders:
@@ -164,17 +203,23 @@ def main() -> None:
         timed = runs[args.warmup :]
         res = {k: statistics.median(r[k] for r in timed) for k in timed[0]}
         res["ratio_dev"] = max(r["ratio_dev"] for r in runs)
+        res["step_s_min"], res["step_s_max"] = (
+            min(r["step_s"] for r in timed),
+            max(r["step_s"] for r in timed),
+        )
+        res["first_gen_s"] = runs[0]["gen_s"]  # includes one-off costs (compile, graph capture)
         res["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
         results[dec] = res
         assert res["tokens"] == args.prompts * args.group * args.new_tokens, res
-    if args.profile:
-        profile(args, bundle, backend, params)
+    if args.profile:  # one more step of the last decoder, its rollout and train step profiled
+        one_step(args, bundle, backend, pipe, engine, args.warmup + args.steps, prof=profiled)
     base = results[args.decoders[0]]
-    print(f"{'decoder':<8} {'gen s':>7} {'train s':>8} {'step s':>7} {'tok/s':>9} {'peak GiB':>9} "
-          f"{'ratio dev':>10} {'step vs ' + args.decoders[0]:>14}")  # fmt: skip
+    print(f"{'decoder':<8} {'gen s':>7} {'decode s':>8} {'train s':>8} {'step s':>7} {'tok/s':>9} {'peak GiB':>9} "
+          f"{'step range':>13} {'ratio dev':>10} {'step vs ' + args.decoders[0]:>14}")  # fmt: skip
     for dec, r in results.items():
-        print(f"{dec:<8} {r['gen_s']:7.3f} {r['train_s']:8.3f} {r['step_s']:7.3f} {r['tokens_per_s']:9.0f} "
-              f"{r['peak_mem_gib']:9.1f} {r['ratio_dev']:10.2e} {base['step_s'] / r['step_s']:13.2f}x")  # fmt: skip
+        print(f"{dec:<8} {r['gen_s']:7.3f} {r['decode_s']:8.3f} {r['train_s']:8.3f} {r['step_s']:7.3f} {r['tokens_per_s']:9.0f} "
+              f"{r['peak_mem_gib']:9.1f} {r['step_s_min']:6.3f}-{r['step_s_max']:.3f} {r['ratio_dev']:10.2e} "
+              f"{base['step_s'] / r['step_s']:13.2f}x")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",

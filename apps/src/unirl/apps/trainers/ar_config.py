@@ -27,11 +27,13 @@ class TrainsideEngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["trainside"] = "trainside"
-    decoder: Literal["dynamic", "static", "graph"] = Field(
+    decoder: Literal["dynamic", "static", "graph", "compiled", "fused"] = Field(
         default="dynamic",
-        description="decode loop: dynamic (growing KV cache, any model), static (fixed-shape step) or "
-        "graph (static, each token step replayed as a CUDA graph: the fast path on a GPU). All draw "
-        "the same tokens; the static ones sample with the weights gathered once per rollout",
+        description="decode loop: dynamic (growing KV cache, any model), static (fixed-shape step), "
+        "graph (static, each token step replayed as a CUDA graph), compiled (graph with the step "
+        "through torch.compile, after a one-off compile) or fused (compiled, with concatenated "
+        "projections; Llama-family models without LoRA: the fastest on a GPU). All draw the same "
+        "tokens; the static ones sample with the weights gathered once per rollout",
     )
 
 

@@ -32,7 +32,10 @@ exercise every line but the capture.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -46,6 +49,7 @@ from unirl.rollout.ar.decode import (
     left_pad,
     record_step,
 )
+from unirl.rollout.ar.fused_decode import FusedLM
 
 __all__ = ["decode_static"]
 
@@ -105,6 +109,8 @@ def decode_static(
     graph: bool = True,
     pad_prompt_to: int = 1,
     kv_bucket: int = 0,
+    compile: bool = False,
+    fused: bool = False,
 ) -> DecodeOutput:
     """``decode`` with a static KV cache; on CUDA with ``graph`` the step is a replayed CUDA graph.
 
@@ -112,10 +118,22 @@ def decode_static(
     ``pad_prompt_to`` (left-pad the prompt block to a multiple of this, so calls with slightly
     different prompt lengths share cache shapes) and ``kv_bucket`` (attention reads the filled
     cache rounded up to a multiple of this, one graph per bucket; 0 reads all of it with one
-    graph, which measured fastest on an H200 because every call captures its graphs anew). Not
+    graph, which measured fastest on an H200 because every call captures its graphs anew) and
+    ``compile`` (run the step through ``torch.compile``: one whole-model graph with the cache
+    writes, attention, sampling and bookkeeping fused into few kernels; needs ``kv_bucket=0``,
+    since each bucket length would be a recompile. Compiled once per process and shape; later
+    calls with the same batch size and cache length reuse it) and ``fused`` (the step runs
+    ``FusedLM``'s forward instead of the model's: concatenated q/k/v and gate/up GEMMs, direct
+    cache writes, and on CUDA flex attention reading only the cache blocks filled so far;
+    Llama-family models only, see ``fused_decode.fusable``). Not
     for sharded (FSDP lockstep) sampling: use ``decode`` there. Not thread-safe: one call at a
     time per process (the bucket length is module state read while the step is built).
     """
+    if compile and kv_bucket:
+        raise ValueError(
+            f"decode_static(compile=True, kv_bucket={kv_bucket}): each bucket length would compile "
+            "its own graph; use kv_bucket=0 with compile"
+        )
     device = next(model.parameters()).device
     B, N = len(prompts), max(limits)
     ids_BP, mask_BP = left_pad(prompts, pad_token_id, device)
@@ -144,15 +162,20 @@ def decode_static(
     )  # fmt: skip
     record_step(st, out.logits[:, -1], u_BN, limits_B, stop_ids, pad, **sample)  # step 0
 
+    if fused:
+        fn: Callable[..., None] = _fused_step
+        head: tuple[Any, ...] = (
+            FusedLM.of(model),
+            [x.keys for x in cache.layers],
+            [x.values for x in cache.layers],
+        )
+    else:
+        fn, head = _step, (model, cache, kw)
+    step_fn = _compiled(fn) if compile else fn
+    args = (*head, st, keep_L, kv_idx_L, P, pos_B, u_BN, limits_B, stop_ids, pad)
+
     def step() -> None:
-        """Feed token t-1 (at cache slot P + t - 1), sample token t."""
-        prev = st.t - 1
-        mask_B11L = (keep_L & (kv_idx_L <= P + prev))[:, None, None, :]
-        logits = model(
-            input_ids=st.tok_B1, attention_mask={"full_attention": mask_B11L},
-            position_ids=(pos_B + prev)[:, None], use_cache=True, **{kw: cache},
-        ).logits[:, -1]  # fmt: skip
-        record_step(st, logits, u_BN, limits_B, stop_ids, pad, **sample)
+        step_fn(*args, **sample)
 
     use_graph = graph and device.type == "cuda"
     runs: dict[int, Callable[[], None]] = {}
@@ -172,20 +195,105 @@ def decode_static(
     _register_attention()
     saved_impl, model.config._attn_implementation = model.config._attn_implementation, ATTENTION
     steps = 1
+    unhooked = _fsdp_hooks_detached(model) if compile and not fused else contextlib.nullcontext()
     try:
-        for t in range(1, N):
-            if steps % sync_every == 0:
-                if stop_check is not None:
-                    _mark_stop_strings(st.tokens_BN[:, :steps], st.lengths_B, st.finished_B, stop_check)
-                if bool(st.finished_B.all()):
-                    break
-            st.t.fill_(t)
-            runner(min(L, -(-(P + t) // kv_bucket) * kv_bucket) if kv_bucket > 0 else L)()
-            steps = t + 1
+        with unhooked:
+            for t in range(1, N):
+                if steps % sync_every == 0:
+                    if stop_check is not None:
+                        _mark_stop_strings(st.tokens_BN[:, :steps], st.lengths_B, st.finished_B, stop_check)
+                    if bool(st.finished_B.all()):
+                        break
+                st.t.fill_(t)
+                runner(min(L, -(-(P + t) // kv_bucket) * kv_bucket) if kv_bucket > 0 else L)()
+                steps = t + 1
     finally:
         model.config._attn_implementation = saved_impl
         _KV_LEN[0] = 0
     return st.output(steps)
+
+
+def _step(
+    model: nn.Module,
+    cache: StaticCache,
+    kw: str,
+    st: DecodeState,
+    keep_L: Tensor,
+    kv_idx_L: Tensor,
+    P: int,
+    pos_B: Tensor,
+    u_BN: Tensor,
+    limits_B: Tensor,
+    stop_ids: Tensor,
+    pad: Tensor,
+    **sample: Any,
+) -> None:
+    """Feed token t-1 (at cache slot P + t - 1), sample token t: the whole static step."""
+    prev = st.t - 1
+    mask_B11L = (keep_L & (kv_idx_L <= P + prev))[:, None, None, :]
+    logits = model(
+        input_ids=st.tok_B1, attention_mask={"full_attention": mask_B11L},
+        position_ids=(pos_B + prev)[:, None], use_cache=True, **{kw: cache},
+    ).logits[:, -1]  # fmt: skip
+    record_step(st, logits, u_BN, limits_B, stop_ids, pad, **sample)
+
+
+def _fused_step(
+    lm: FusedLM,
+    keys: list[Tensor],
+    values: list[Tensor],
+    st: DecodeState,
+    keep_L: Tensor,
+    kv_idx_L: Tensor,
+    P: int,
+    pos_B: Tensor,
+    u_BN: Tensor,
+    limits_B: Tensor,
+    stop_ids: Tensor,
+    pad: Tensor,
+    **sample: Any,
+) -> None:
+    """``_step`` with ``FusedLM``'s forward, writing the StaticCache's tensors directly."""
+    prev = st.t - 1
+    logits = lm.step(st.tok_B1[:, 0], pos_B + prev, P + prev, keep_L & (kv_idx_L <= P + prev), keys, values)
+    record_step(st, logits, u_BN, limits_B, stop_ids, pad, **sample)
+
+
+@functools.cache
+def _compiled(fn: Callable[..., None]) -> Callable[..., None]:
+    """``fn`` through ``torch.compile``, once per process, so its graphs are reused across
+    calls (a new batch size or cache length compiles a new graph)."""
+    return torch.compile(fn, dynamic=False)
+
+
+@contextlib.contextmanager
+def _fsdp_hooks_detached(model: nn.Module) -> Iterator[None]:
+    """While gathered, an FSDP2 model's forward hooks have nothing to do in a no-grad decode step
+    (its weights are already unsharded and stay so), but dynamo cannot trace them: each wrapped
+    layer would become its own frame, compiled once per layer index until the recompile limit.
+    Detach them so the compiled step is one whole-model graph; restored on exit, in order."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if units and any(isinstance(p, DTensor) for p in model.parameters()):
+        raise RuntimeError(
+            "decode_static(compile=True) on a sharded FSDP model: gather its weights first "
+            "(run the rollout inside backend.gathered())"
+        )
+    saved = [(m, dict(m._forward_pre_hooks), dict(m._forward_hooks)) for m in units]
+    for m in units:
+        state = m._get_fsdp_state()  # type: ignore[operator]  # FSDPModule API
+        m._forward_pre_hooks.pop(state._pre_forward_hook_handle.id, None)
+        m._forward_hooks.pop(state._post_forward_hook_handle.id, None)
+    try:
+        yield
+    finally:
+        for m, pre, post in saved:
+            m._forward_pre_hooks.clear()
+            m._forward_pre_hooks.update(pre)
+            m._forward_hooks.clear()
+            m._forward_hooks.update(post)
 
 
 def _check_model(model: nn.Module) -> None:

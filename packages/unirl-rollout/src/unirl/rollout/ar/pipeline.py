@@ -23,6 +23,7 @@ from torch import nn
 from unirl.rollout.ar.bundle import CausalLMBundle
 from unirl.rollout.ar.decode import decode
 from unirl.rollout.ar.decode_static import decode_static
+from unirl.rollout.ar.fused_decode import fusable
 from unirl.rollout.ar.replay import TokenReplay, replay_token_logprobs
 from unirl.rollout.ar.sampling import derive_seed, draw_uniforms
 from unirl.rollout.ar.segments import ar_params, fill_text_part, loss_mask, text_segment
@@ -51,8 +52,12 @@ class ARPipeline:
             then pass the same number of samples with the same sampling params per call.
         decoder: ``"dynamic"`` (growing KV cache, any model), ``"static"`` (pre-allocated cache,
             fixed-shape step) or ``"graph"`` (static, with the step replayed as a CUDA graph on
-            CUDA: the fast path for launch-bound batch decoding; see ``decode_static``). All three
-            draw the same tokens from the same uniforms.
+            CUDA: the fast path for launch-bound batch decoding; see ``decode_static``) or
+            ``"compiled"`` (``"graph"`` with the step through ``torch.compile``: fused kernels,
+            faster on an H200 after a one-off compile per process and shape) or ``"fused"``
+            (``"compiled"`` with ``FusedLM``'s forward: concatenated projections, Llama-family
+            models without adapters; the fastest). All draw the same tokens from the same
+            uniforms (compiled and fused: up to floating-point reassociation).
         kv_bucket: static decoders: attention reads the filled KV cache rounded up to a multiple
             of this many slots, one CUDA graph per bucket (0, the default: the whole cache, one
             graph; measured fastest in docs/benchmarks.md).
@@ -70,9 +75,15 @@ class ARPipeline:
         max_batch_size: int | None = None,
         sync_every: int = 16,
         lockstep_group: Any = None,
-        decoder: Literal["dynamic", "static", "graph"] = "dynamic",
+        decoder: Literal["dynamic", "static", "graph", "compiled", "fused"] = "dynamic",
         kv_bucket: int = 0,
     ) -> None:
+        if decoder in ("compiled", "fused") and kv_bucket:
+            raise ValueError(
+                f"decoder={decoder!r} reads the whole KV cache; got kv_bucket={kv_bucket}, use 0"
+            )
+        if decoder == "fused" and (reason := fusable(bundle.model)) is not None:
+            raise ValueError(f"decoder='fused': {reason}; use decoder='compiled'")
         if decoder != "dynamic" and lockstep_group is not None:
             raise ValueError(
                 f"decoder={decoder!r} cannot run lockstep (sharded) sampling; use decoder='dynamic' "
@@ -176,7 +187,9 @@ class ARPipeline:
             out = decode_static(
                 self.bundle.model,
                 prompts,
-                graph=self.decoder == "graph",
+                graph=self.decoder in ("graph", "compiled", "fused"),
+                compile=self.decoder in ("compiled", "fused"),
+                fused=self.decoder == "fused",
                 pad_prompt_to=16,
                 kv_bucket=self.kv_bucket,
                 **common,

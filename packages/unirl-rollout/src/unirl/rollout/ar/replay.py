@@ -11,7 +11,8 @@ All responses start at column ``P``, so the logits that predict them are the ``T
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -83,11 +84,26 @@ def replay_token_logprobs(
     ids, attn, pos, resp_BT = pack_for_replay(prompts, responses, pad_token_id, device)
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=T + 1)
     temp_B11 = torch.tensor(list(temperatures), dtype=torch.float32, device=device).view(-1, 1, 1)
-    logp_BTV = tempered_logprobs(out.logits[:, :-1], temp_B11)
-    logp_BT = logp_BTV.gather(-1, resp_BT.unsqueeze(-1)).squeeze(-1)
     lengths_B = torch.tensor([len(r) for r in responses], device=device)
     pad_BT = torch.arange(T, device=device)[None, :] >= lengths_B[:, None]
-    entropy_BT = None
-    if with_entropy:
-        entropy_BT = -(logp_BTV.exp() * logp_BTV).sum(-1).masked_fill(pad_BT, 0.0)
+    logits_BTV = out.logits[:, :-1]
+    if not with_entropy:
+        fn = _token_logprobs_compiled() if logits_BTV.is_cuda else token_logprobs
+        return fn(logits_BTV, temp_B11, resp_BT).masked_fill(pad_BT, 0.0), None
+    logp_BTV = tempered_logprobs(logits_BTV, temp_B11)
+    logp_BT = logp_BTV.gather(-1, resp_BT.unsqueeze(-1)).squeeze(-1)
+    entropy_BT = -(logp_BTV.exp() * logp_BTV).sum(-1).masked_fill(pad_BT, 0.0)
     return logp_BT.masked_fill(pad_BT, 0.0), entropy_BT
+
+
+def token_logprobs(logits_BTV: Tensor, temp_B11: Tensor, ids_BT: Tensor) -> Tensor:
+    """``log_softmax(logits / temperature)`` at ``ids``, in fp32, as ``z[id] - logsumexp(z)``:
+    the same value as ``tempered_logprobs(...).gather(...)`` without keeping the fp32 distribution
+    over the vocabulary (on CUDA it runs compiled: one fused pass over the logits each way)."""
+    z_BTV = logits_BTV.float() / temp_B11
+    return z_BTV.gather(-1, ids_BT.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z_BTV, dim=-1)
+
+
+@functools.cache
+def _token_logprobs_compiled() -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    return torch.compile(token_logprobs)  # type: ignore[return-value]
