@@ -25,8 +25,10 @@ def _rl_rows(tmp_path: Path, decoder: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_static_decoder_recipe_trains_like_the_dynamic_one(tmp_path: Path) -> None:
-    dyn, sta = _rl_rows(tmp_path, "dynamic"), _rl_rows(tmp_path, "static")
+@pytest.mark.parametrize("decoder", ["static", "fused"])
+def test_static_decoder_recipe_trains_like_the_dynamic_one(tmp_path: Path, decoder: str) -> None:
+    """``fused`` on CPU: the whole step compiled by inductor, attention through SDPA."""
+    dyn, sta = _rl_rows(tmp_path, "dynamic"), _rl_rows(tmp_path, decoder)
     assert len(dyn) == len(sta) == 2
     for a, b in zip(dyn, sta):
         assert a["reward_mean"] == b["reward_mean"]
