@@ -181,7 +181,7 @@ class Trainer:
         n, ds = phase.prompts_per_step, phase.dynamic_sampling
         kept: list[list[Sample]] = []
         dropped: list[list[Sample]] = []
-        rounds = 0
+        rounds = signal = 0
         while True:
             records = draw(train, n, seed=self.cfg.seed + 7919 * rounds, step=step)
             batch = make_samples(
@@ -195,17 +195,21 @@ class Trainer:
             for s in batch:
                 groups.setdefault(s.group_id, []).append(s)
             for g in groups.values():
-                totals = {s.part(self.stage).reward.total for s in g}
-                (kept if ds is None or len(totals) > 1 else dropped).append(g)
+                has_signal = len({s.part(self.stage).reward.total for s in g}) > 1
+                if rounds == 0:
+                    signal += has_signal
+                (kept if ds is None or has_signal else dropped).append(g)
             if ds is None or len(kept) >= n or rounds >= ds.max_extra_rollouts:
                 break
             rounds += 1
         chosen = (kept + dropped)[:n]
         samples = [s for g in chosen for s in g]
         compute_sample_advantages(samples, self.stage, phase.advantage)
-        extra = {"groups_with_signal": float(min(len(kept), n)) / n}
+        # groups_with_signal: of the first round's groups (before any refill), those whose rewards differ
+        extra = {"groups_with_signal": signal / n}
         if ds is not None:
             extra["extra_rollouts"] = float(rounds)
+            extra["batch_groups_with_signal"] = float(min(len(kept), n)) / n
         return samples, extra
 
     # ---- evaluation ---------------------------------------------------------------------------

@@ -82,7 +82,12 @@ class DiffusionTrainer(Trainer):
         ]
 
     def eval_params(self) -> Any:
-        return self._rollout_params().model_copy(update={"eta": 0.0, "sde_strategy": "ode"})
+        """ODE sampling, each held-out sample from its own initial noise (also when RL's rollout
+        shares it within a group, ``sampling.noise.scope=group``: k identical ODE samples would
+        make accuracy and pass@k a one-sample measure)."""
+        params = self._rollout_params()
+        noise = params.noise.model_copy(update={"scope": "sample"})
+        return params.model_copy(update={"eta": 0.0, "sde_strategy": "ode", "noise": noise})
 
     def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path:
         imgs = [np.asarray(to_numpy(s.part(self.stage).outputs[0].pixels)) for s in samples]
