@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -172,7 +173,7 @@ def decode_static(
     else:
         fn, head = _step, (model, cache, kw)
     step_fn = _compiled(fn) if compile else fn
-    args = (*head, st, keep_L, kv_idx_L, P, pos_B, u_BN, limits_B, stop_ids, pad)
+    args = (*head, _StepIO(st, keep_L, kv_idx_L, P, pos_B, u_BN, limits_B, stop_ids, pad))
 
     def step() -> None:
         step_fn(*args, **sample)
@@ -213,50 +214,45 @@ def decode_static(
     return st.output(steps)
 
 
-def _step(
-    model: nn.Module,
-    cache: StaticCache,
-    kw: str,
-    st: DecodeState,
-    keep_L: Tensor,
-    kv_idx_L: Tensor,
-    P: int,
-    pos_B: Tensor,
-    u_BN: Tensor,
-    limits_B: Tensor,
-    stop_ids: Tensor,
-    pad: Tensor,
-    **sample: Any,
-) -> None:
+@dataclass
+class _StepIO:
+    """What every static step reads besides the model: the decode state, each row's kept prompt
+    slots, the prompt block length and the sampling inputs (all fixed-address device tensors)."""
+
+    st: DecodeState
+    keep_L: Tensor
+    kv_idx_L: Tensor
+    P: int
+    pos_B: Tensor
+    u_BN: Tensor
+    limits_B: Tensor
+    stop_ids: Tensor
+    pad: Tensor
+
+    def attend(self) -> tuple[Tensor, Tensor]:
+        """``(prev, mask_BL)``: token t-1 sits at cache slot ``P + prev``; ``mask_BL`` keeps the
+        slots up to it, minus each row's left padding."""
+        prev = self.st.t - 1
+        return prev, self.keep_L & (self.kv_idx_L <= self.P + prev)
+
+    def record(self, logits_BV: Tensor, **sample: Any) -> None:
+        record_step(self.st, logits_BV, self.u_BN, self.limits_B, self.stop_ids, self.pad, **sample)
+
+
+def _step(model: nn.Module, cache: StaticCache, kw: str, io: _StepIO, **sample: Any) -> None:
     """Feed token t-1 (at cache slot P + t - 1), sample token t: the whole static step."""
-    prev = st.t - 1
-    mask_B11L = (keep_L & (kv_idx_L <= P + prev))[:, None, None, :]
+    prev, mask_BL = io.attend()
     logits = model(
-        input_ids=st.tok_B1, attention_mask={"full_attention": mask_B11L},
-        position_ids=(pos_B + prev)[:, None], use_cache=True, **{kw: cache},
+        input_ids=io.st.tok_B1, attention_mask={"full_attention": mask_BL[:, None, None, :]},
+        position_ids=(io.pos_B + prev)[:, None], use_cache=True, **{kw: cache},
     ).logits[:, -1]  # fmt: skip
-    record_step(st, logits, u_BN, limits_B, stop_ids, pad, **sample)
+    io.record(logits, **sample)
 
 
-def _fused_step(
-    lm: FusedLM,
-    keys: list[Tensor],
-    values: list[Tensor],
-    st: DecodeState,
-    keep_L: Tensor,
-    kv_idx_L: Tensor,
-    P: int,
-    pos_B: Tensor,
-    u_BN: Tensor,
-    limits_B: Tensor,
-    stop_ids: Tensor,
-    pad: Tensor,
-    **sample: Any,
-) -> None:
+def _fused_step(lm: FusedLM, keys: list[Tensor], values: list[Tensor], io: _StepIO, **sample: Any) -> None:
     """``_step`` with ``FusedLM``'s forward, writing the StaticCache's tensors directly."""
-    prev = st.t - 1
-    logits = lm.step(st.tok_B1[:, 0], pos_B + prev, P + prev, keep_L & (kv_idx_L <= P + prev), keys, values)
-    record_step(st, logits, u_BN, limits_B, stop_ids, pad, **sample)
+    prev, mask_BL = io.attend()
+    io.record(lm.step(io.st.tok_B1[:, 0], io.pos_B + prev, io.P + prev, mask_BL, keys, values), **sample)
 
 
 @functools.cache
