@@ -1,24 +1,31 @@
 #!/bin/bash
-# RL sweep on the shapes world: 3 SFT seeds, then FlowGRPO variants from each SFT checkpoint, all
+# RL sweep on the shapes world: SFT seeds, then FlowGRPO variants from each SFT checkpoint, all
 # processes in parallel (a GPU machine runs the whole sweep in ~3 minutes; the tiny model needs
 # little of the GPU). Needs `unirl` importable by python3 (PYTHONPATH or an installed env).
-#   bash scripts/sweep_shapes.sh OUT_DIR          # summary in OUT_DIR/summary.txt
+#   bash scripts/sweep_shapes.sh OUT_DIR [VARIANTS_FILE]   # summary in OUT_DIR/summary.txt
 #   SW=/tmp/sweep SWX="sft.steps=2 rl.steps=1" bash scripts/sweep_shapes.sh /tmp/out   # smoke run
+# VARIANTS_FILE: one variant a line, `name<TAB>override<TAB>override...` (no file: the variants
+# below). SEEDS (default "0 1 2") picks the SFT seeds; T_SFT / T_RL bound each run in seconds.
 # Summary columns: eval accuracy/reward per stage (init, sft, rl); RL train reward first -> last 5.
 O=${1:-/tmp/out}; S=${SW:-/tmp/sw}; X=${SWX:-}; mkdir -p $S $O
 run() { local name=$1; shift; timeout ${T:-200} python3 -c 'import sys; from unirl.apps.cli import main; sys.exit(main(sys.argv[1:]))' "$@" > $S/$name.log 2>&1; echo "$name rc=$? $(date +%T)"; }
 EV="eval.samples_per_prompt=8"
 CORR='reward.scorers=[{name: geneval, weight: 1.0, scorer: {kind: shapes, reward: correct, check_shape: false}}]'
-rm -rf "$S"; mkdir -p "$S"; T=120; for s in 0 1 2; do run sft$s sft shapes_flowgrpo seed=$s threads=1 $EV $X --run-dir $S/sft$s & done; wait; T=170
+SEEDS=${SEEDS:-0 1 2}
+rm -rf "$S"; mkdir -p "$S"; T=${T_SFT:-120}; for s in $SEEDS; do run sft$s sft shapes_flowgrpo seed=$s threads=1 $EV $X --run-dir $S/sft$s & done; wait; T=${T_RL:-170}
 variant() {  # name seed overrides...
   local v=$1 s=$2; shift 2; cp -r $S/sft$s $S/$v-$s; run $v-$s train shapes_flowgrpo seed=$s threads=1 $EV $X "$@" --run-dir $S/$v-$s
 }
-for s in 0 1 2; do
-  variant base $s &
-  variant lr3 $s rl.lr=3e-4 &
-  variant corr3 $s rl.lr=3e-4 "$CORR" &
-  variant sde6 $s rl.lr=3e-4 'sampling.sde_schedule={kind: k_of_window, k: 6, start: 0.0, end: 1.0}' &
-  variant long $s rl.lr=1e-4 rl.steps=150 &
+for s in $SEEDS; do
+  if [[ -n "${2:-}" ]]; then
+    while IFS=$'\t' read -r -a v; do [[ ${#v[@]} -gt 0 && ${v[0]} != \#* ]] && variant "${v[@]:0:1}" $s "${v[@]:1}" & done < "$2"
+  else
+    variant base $s &
+    variant lr3 $s rl.lr=3e-4 &
+    variant corr3 $s rl.lr=3e-4 "$CORR" &
+    variant sde6 $s rl.lr=3e-4 'sampling.sde_schedule={kind: k_of_window, k: 6, start: 0.0, end: 1.0}' &
+    variant long $s rl.lr=1e-4 rl.steps=150 &
+  fi
 done; wait
 python3 - "$S" <<'PY' | tee $O/summary.txt
 import json, pathlib, sys
