@@ -24,7 +24,9 @@ def test_sft_then_train_continues_sft_from_its_cursor(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_rl_reset_optimizer_applies_once_when_rl_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rl_reset_optimizer_applies_once_when_rl_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from unirl.train.backends.fsdp import FSDPBackend
 
     calls: list[int] = []

@@ -202,13 +202,33 @@ def test_fused_step_matches_model_step(attn_bias: bool, flex: bool, monkeypatch)
 
 
 def test_fused_refuses_what_it_cannot_represent() -> None:
-    from peft import LoraConfig, get_peft_model
+    """Adapters (any projection that is not a plain ``nn.Linear``, as peft's LoRA layers are not)
+    and non-SiLU MLPs are refused with the reason, never approximated; a peft-wrapped model is
+    unwrapped first (``get_base_model``)."""
+    from torch import nn
 
     from unirl.rollout.ar.fused_decode import FusedLM, fusable
 
+    class Adapted(nn.Linear):  # stands for an adapter layer: computes more than its weight
+        pass
+
     model = CausalLMBundle.tiny_qwen3(seed=0).model
     assert fusable(model) is None
-    lora = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
-    assert "not plain nn.Linear" in str(fusable(lora))
+
+    class Wrapper(nn.Module):  # peft's model wrapper exposes the base model like this
+        def __init__(self, base: nn.Module) -> None:
+            super().__init__()
+            self.base = base
+
+        def get_base_model(self) -> nn.Module:
+            return self.base
+
+    assert fusable(Wrapper(model)) is None
+    q = model.model.layers[1].self_attn.q_proj
+    model.model.layers[1].self_attn.q_proj = Adapted(q.in_features, q.out_features, bias=False)
+    assert "layer 1 projections are ['Adapted', 'Linear'], not plain nn.Linear" in str(fusable(model))
     with pytest.raises(ValueError, match="use fused=False"):
-        FusedLM.of(lora)
+        FusedLM.of(Wrapper(model))
+    model.model.layers[1].self_attn.q_proj = q
+    model.config.hidden_act = "gelu"
+    assert "hidden_act='gelu'" in str(fusable(model))
