@@ -156,7 +156,7 @@ class FusedLM:
         values: list[Tensor],
     ) -> Tensor:
         """Logits ``[B, V]`` of the next token after ``tok_B`` at positions ``pos_B``; writes its
-        keys/values at cache slot ``slot`` (a 0-d long tensor) of every layer's ``[B, KV, T, D]``
+        keys/values at cache slot ``slot`` (a one-element long tensor) of every layer's ``[B, KV, T, D]``
         cache. ``mask_BT`` says which cache slots each row attends (False past ``slot``)."""
         B, H, KV, D = tok_B.shape[0], self.heads, self.kv_heads, self.head_dim
         x = F.embedding(tok_B, self.embed)  # [B, hidden]
@@ -190,9 +190,8 @@ class FusedLM:
         return F.linear(_rms(x, self.norm, self.eps), self.lm_head)
 
 
-FLEX_OFF_CUDA = (
-    False  # flex attention on CUDA only (inductor's CPU flex kernel refuses small heads); tests flip it
-)
+# Flex attention on CUDA only (inductor's CPU flex kernel refuses small heads); tests flip this.
+FLEX_OFF_CUDA = False
 KV_BLOCK = 128  # cache slots per flex-attention block: blocks past the filled slots are not read
 
 
