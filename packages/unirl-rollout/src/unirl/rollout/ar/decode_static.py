@@ -50,7 +50,7 @@ from unirl.rollout.ar.decode import (
     left_pad,
     record_step,
 )
-from unirl.rollout.ar.fused_decode import FusedLM
+from unirl.rollout.ar.fused_decode import FusedLM, require_gathered
 
 __all__ = ["decode_static"]
 
@@ -269,14 +269,10 @@ def _fsdp_hooks_detached(model: nn.Module) -> Iterator[None]:
     layer would become its own frame, compiled once per layer index until the recompile limit.
     Detach them so the compiled step is one whole-model graph; restored on exit, in order."""
     from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
 
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    if units and any(isinstance(p, DTensor) for p in model.parameters()):
-        raise RuntimeError(
-            "decode_static(compile=True) on a sharded FSDP model: gather its weights first "
-            "(run the rollout inside backend.gathered())"
-        )
+    if units:
+        require_gathered(model, "decode_static(compile=True)")
     saved = [(m, dict(m._forward_pre_hooks), dict(m._forward_hooks)) for m in units]
     for m in units:
         state = m._get_fsdp_state()  # type: ignore[operator]  # FSDPModule API

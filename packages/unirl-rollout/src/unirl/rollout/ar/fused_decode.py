@@ -15,7 +15,8 @@ element-wise work between them. This forward reads the same parameters but:
 - is meant to run under ``torch.compile`` (norms, RoPE and residuals fuse) and a CUDA graph.
 
 It computes what the model's own forward computes (same RMSNorm, RoPE from the model's rotary
-module, scaling and activation; tests/test_ar_fused_decode.py checks the logits in fp32). Models
+module, scaling and activation; tests/test_ar_decode_static.py checks the tokens and log-probs
+in fp32). Models
 it cannot represent exactly are refused by ``fusable`` with the reason, never approximated:
 adapters (a peft LoRA layer is not a plain ``nn.Linear``), non-SiLU MLPs, sliding windows,
 attention soft-capping, logit scaling.
@@ -30,7 +31,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-__all__ = ["FusedLM", "fusable"]
+__all__ = ["FusedLM", "fusable", "require_gathered"]
 
 _ATTN_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
@@ -67,6 +68,18 @@ def fusable(model: nn.Module) -> str | None:
         if not all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm")):
             return f"layer {i} has no input/post-attention RMSNorm"
     return None
+
+
+def require_gathered(model: nn.Module, caller: str) -> None:
+    """Raise when ``model`` holds sharded (FSDP2 ``DTensor``) parameters: the fused and compiled
+    decode steps read whole weights, as inside ``backend.gathered()``."""
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        raise RuntimeError(
+            f"{caller} on a sharded FSDP model: gather its weights first (run the rollout inside "
+            "backend.gathered())"
+        )
 
 
 @dataclass
@@ -106,11 +119,7 @@ class FusedLM:
         if reason is not None:
             raise ValueError(f"decode_static(fused=True): {reason}; use fused=False")
         base = _base(model)
-        if any(type(p).__name__ == "DTensor" for p in base.parameters()):
-            raise RuntimeError(
-                "decode_static(fused=True) on a sharded FSDP model: gather its weights first "
-                "(run the rollout inside backend.gathered())"
-            )
+        require_gathered(base, "decode_static(fused=True)")
         cfg, body = base.config, base.model
         attn0 = body.layers[0].self_attn
         layers = []
