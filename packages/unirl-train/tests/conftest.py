@@ -188,6 +188,23 @@ class FlowPipeline:
         return parts
 
 
+def leave_world() -> None:
+    """End a spawned gloo rank: destroy the process group, flush, and exit without the interpreter's
+    teardown. Once DTensors were made, torch keeps the group's gloo threads alive past
+    ``destroy_process_group``; destroying them during static teardown races with the peer's exit
+    and aborts the process ("terminate called without an active exception") in about one run in
+    four. Call it only after the rank's work (and its result file) is done."""
+    import os
+    import sys
+
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 @pytest.fixture
 def tiny() -> object:
     """Namespace of the helpers above (test modules can't import conftest under importlib mode)."""
