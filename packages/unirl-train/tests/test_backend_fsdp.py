@@ -107,6 +107,30 @@ def test_frozen_copy_reference_is_the_initial_policy() -> None:
         assert b.module(x).item() == pytest.approx(0.9, abs=1e-6)
 
 
+@pytest.mark.parametrize("fmt", ["full", "sharded"])
+def test_snapshot_reference_retakes_the_copy_and_checkpoints_keep_it(tmp_path, fmt: str) -> None:
+    from unirl.train import checkpoint as ckpt
+
+    x = torch.tensor([[1.0, 0.0]])
+    b = linear_backend(reference="frozen_copy")
+    backward_xy(b)
+    b.step()  # "SFT": w0 = 0.9
+    b.snapshot_reference()  # RL starts here: its reference is 0.9, not the build-time 1.0
+    backward_xy(b)
+    b.step()  # "RL": the policy moves on (0.8), the reference stays
+    with torch.no_grad(), b.reference_weights():
+        assert b.module(x).item() == pytest.approx(0.9, abs=1e-6)
+    path = ckpt.save_checkpoint(tmp_path / "c", b, format=fmt)
+    fresh = linear_backend(reference="frozen_copy")  # its build-time copy is 1.0
+    ckpt.load_checkpoint(path, fresh)
+    with torch.no_grad():
+        assert fresh.module(x).item() == pytest.approx(0.8, abs=1e-6)
+        with fresh.reference_weights():
+            assert fresh.module(x).item() == pytest.approx(0.9, abs=1e-6)
+    with pytest.raises(ValueError, match="snapshot_reference.*frozen_copy"):
+        linear_backend().snapshot_reference()
+
+
 def test_missing_features_give_clear_errors() -> None:
     b = linear_backend()
     with pytest.raises(ValueError, match="ema"):

@@ -214,10 +214,8 @@ class DistributedRL(Trainer):
         return self.engine.generate(samples, rollout_step=step)
 
     # ---- phase hooks: the shared loops of Trainer run on the workers ------------------------------
-    def begin_phase(
-        self, name: str, *, reset_optimizer: bool = False
-    ) -> Callable[[list[Part]], dict[str, float]]:
-        self.train.call_all(TrainWorker.begin, name, reset_optimizer)
+    def begin_phase(self, name: str, *, starting: bool = False) -> Callable[[list[Part]], dict[str, float]]:
+        self.train.call_all(TrainWorker.begin, name, starting)
         return self.train_on
 
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:

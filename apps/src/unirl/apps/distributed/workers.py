@@ -107,12 +107,11 @@ class TrainWorker:
         return int(self.backend.global_step)
 
     # -- training -----------------------------------------------------------------------------
-    def begin(self, phase: str, reset_optimizer: bool = False) -> None:
+    def begin(self, phase: str, starting: bool = False) -> None:
         """Set up the TrainStack of ``phase`` ('sft' or 'rl'), as the single-process trainer does
-        (``reset_optimizer``: drop the optimizer state first, on every rank)."""
-        self.stack = self.trainer.make_stack(
-            phase, dp_size=self.info.dp_size, reset_optimizer=reset_optimizer
-        )
+        (``starting``: the phase starts here, so RL's fresh optimizer / KL reference are taken on
+        every rank)."""
+        self.stack = self.trainer.make_stack(phase, dp_size=self.info.dp_size, starting=starting)
 
     def train_on(self, shards: list[list[Part]]) -> list[dict[str, float]]:
         """Train on this rank's shard (DP dispatch of one shard per dp rank: ``shards`` holds

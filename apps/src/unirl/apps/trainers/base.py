@@ -90,14 +90,20 @@ class Trainer:
     def _timed(self, name: str, t0: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + time.time() - t0
 
-    def make_stack(self, name: str, dp_size: int = 1, *, reset_optimizer: bool = False) -> TrainStack:
+    def make_stack(self, name: str, dp_size: int = 1, *, starting: bool = False) -> TrainStack:
         """The TrainStack of phase ``name`` ("sft" or "rl"), with the phase's learning rate set.
 
         ``dp_size``: data-parallel ranks sharing each batch (SFT micro-batches are per rank).
-        ``reset_optimizer``: drop the optimizer state first (a fresh Adam for the phase)."""
+        ``starting``: the phase starts here (not resumed mid-way). RL then drops the optimizer
+        state (``rl.reset_optimizer``) and, with ``backend.reference=frozen_copy``, takes the
+        policy it starts from (the SFT result) as its KL reference; a resumed RL phase keeps both
+        from its checkpoint."""
         phase = getattr(self.cfg, name)
-        if reset_optimizer:
-            self.backend.reset_optimizer()
+        if starting and name == "rl":
+            if phase.reset_optimizer:
+                self.backend.reset_optimizer()
+            if getattr(self.cfg.backend, "reference", "none") == "frozen_copy":
+                self.backend.snapshot_reference()
         if phase.lr is not None:
             set_base_lr(self.backend, phase.lr)
         if name == "sft":
@@ -110,11 +116,9 @@ class Trainer:
             return TrainStack(self.backend, self.algorithm, self.pipeline, phase.geometry)
         raise ValueError(f"phase={name!r} is not one of 'sft', 'rl'")
 
-    def begin_phase(
-        self, name: str, *, reset_optimizer: bool = False
-    ) -> Callable[[list[Part]], dict[str, float]]:
+    def begin_phase(self, name: str, *, starting: bool = False) -> Callable[[list[Part]], dict[str, float]]:
         """The train step (parts -> metrics) of phase ``name``; a multi-worker layout overrides it."""
-        return self.make_stack(name, reset_optimizer=reset_optimizer).train_on
+        return self.make_stack(name, starting=starting).train_on
 
     def after_train_step(self) -> dict[str, float]:
         """After each RL optimizer step (a dedicated rollout engine syncs weights here); extra metrics."""
@@ -147,8 +151,8 @@ class Trainer:
         phase = self.cfg.rl
         if phase is None or phase.steps == 0 or self.rl_step >= phase.steps:
             return
-        # a fresh optimizer only when RL starts; a resumed RL run keeps its checkpointed state
-        train_step = self.begin_phase("rl", reset_optimizer=phase.reset_optimizer and self.rl_step == 0)
+        # a fresh optimizer / KL reference only when RL starts; a resumed run keeps its checkpointed ones
+        train_step = self.begin_phase("rl", starting=self.rl_step == 0)
         train = self.data.train_records()
         t0 = time.time()
         with PhaseProgress("rl", phase.steps - self.rl_step) as bar:

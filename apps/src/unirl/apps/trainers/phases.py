@@ -97,4 +97,11 @@ class RunSettings(BaseModel):
         sft, rl = getattr(self, "sft", None), getattr(self, "rl", None)
         if sft is None and rl is None:
             raise ValueError("the recipe has neither an `sft` nor an `rl` phase: nothing to run")
+        kl = getattr(rl.algorithm, "kl_coef", 0.0) if rl is not None else 0.0
+        reference = getattr(getattr(self, "backend", None), "reference", "none")
+        if kl and reference == "none":
+            raise ValueError(
+                f"rl.algorithm.kl_coef={kl} needs a reference policy, but backend.reference='none': set "
+                "backend.reference=frozen_copy (the policy RL starts from) or lora_base, or kl_coef=0"
+            )
         return self

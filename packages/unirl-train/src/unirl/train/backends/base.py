@@ -70,6 +70,9 @@ class TrainBackend(Protocol):
     def reference_weights(self) -> AbstractContextManager[None]:
         """Context in which `module` computes the frozen reference policy (for KL)."""
 
+    def snapshot_reference(self) -> None:
+        """Make the current weights the frozen reference (a backend that keeps a frozen copy)."""
+
     def full_state_dict(self, merge_lora: bool = True) -> dict[str, torch.Tensor]:
         """Full (unsharded, CPU) weights for weight sync; LoRA merged into the base by default."""
 

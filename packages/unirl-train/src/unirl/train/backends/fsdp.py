@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from unirl.train.backends.base import StepStats
 from unirl.train.backends.dist import ensure_process_group
-from unirl.train.ema import EMA, EMAConfig, swapped_weights
+from unirl.train.ema import EMA, EMAConfig, swapped_weights, to_local_layout
 from unirl.train.lora import (
     LoRAConfig,
     adapter_state_dict,
@@ -133,7 +133,7 @@ class FSDPBackend:
         self.ema = EMA(self.trainable, config.ema) if config.ema is not None else None
         self._reference: dict[str, torch.Tensor] | None = None
         if config.reference == "frozen_copy":
-            self._reference = {n: p.detach().clone() for n, p in self.trainable.items()}
+            self.snapshot_reference()
         self._step = 0
 
     # -- identity -------------------------------------------------------------------------
@@ -165,6 +165,18 @@ class FSDPBackend:
         weights, the schedule, the EMA and `global_step` are kept. A new phase that should not
         inherit the previous phase's moments (RL after SFT) calls this before its first step."""
         self.optimizer.state.clear()
+
+    def snapshot_reference(self) -> None:
+        """Make the current trainable weights the frozen KL reference (``reference='frozen_copy'``).
+
+        The copy is first taken when the backend is built; a phase that regularises towards the
+        policy it starts from (RL after SFT) takes it again at its first step. It is checkpointed,
+        so a resumed run keeps the reference its RL phase started with."""
+        if self.config.reference != "frozen_copy":
+            raise ValueError(
+                f"snapshot_reference() needs backend.reference='frozen_copy' (got {self.config.reference!r})"
+            )
+        self._reference = {n: p.detach().clone() for n, p in self.trainable.items()}
 
     def step(self) -> StepStats:
         """Clip to `grad_clip`, skip on a non-finite norm, else AdamW + schedule + EMA."""
@@ -268,6 +280,8 @@ class FSDPBackend:
             "ema": {n: _full(t).cpu() for n, t in self.ema.shadow.items()} if self.ema else {},
             "global_step": self._step,
         }
+        if self._reference is not None:
+            state["reference"] = {n: _full(t).cpu() for n, t in self._reference.items()}
         # Off CPU, cpu_offload already copied every tensor to host memory.
         return _snapshot(state) if self.device.type == "cpu" else state
 
@@ -297,6 +311,10 @@ class FSDPBackend:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
+        if self._reference is not None and "reference" in state:  # older checkpoints have none
+            with torch.no_grad():
+                for n, r in self._reference.items():
+                    r.copy_(to_local_layout(state["reference"][n], r))
         self._step = int(state["global_step"])
 
     def sharded_state_dict(self) -> dict[str, Any]:
@@ -312,13 +330,16 @@ class FSDPBackend:
         )
 
         opts = StateDictOptions(ignore_frozen_params=True)
-        return {
+        state = {
             "model": get_model_state_dict(self.module, options=opts),
             "optimizer": get_optimizer_state_dict(self.module, self.optimizer, options=opts),
             "scheduler": self.scheduler.state_dict(),
             "ema": dict(self.ema.shadow) if self.ema else {},
             "global_step": self._step,
         }
+        if self._reference is not None:
+            state["reference"] = dict(self._reference)
+        return state
 
     def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `sharded_state_dict()` output laid out for this rank (DTensors of this mesh)."""
