@@ -235,7 +235,8 @@ class Trainer:
         for s in samples:
             s.ensure_part(self.stage).sampling_params = params
         samples = self.engine.generate(samples, rollout_step=0)
-        rewards = [r.total for r in self.reward.score_samples(samples, self.stage)]
+        scored = self.reward.score_samples(samples, self.stage)
+        rewards = [r.total for r in scored]
         solved: dict[str, bool] = {}
         for s, r in zip(samples, rewards):
             solved[s.group_id] = solved.get(s.group_id, False) or r >= ev.success_threshold
@@ -244,6 +245,7 @@ class Trainer:
             "accuracy": float(np.mean([r >= ev.success_threshold for r in rewards])),
             "pass_at_k": float(np.mean(list(solved.values()))),
         }
+        m |= check_rates(scored)
         self.evals[name] = m
         self.run.log(step, {f"eval_{k}": v for k, v in m.items()}, phase="eval")
         log.info(
@@ -309,6 +311,18 @@ class Trainer:
             if self.cfg.rl is not None and self.cfg.rl.steps:
                 self.evaluate("rl", step=self.rl_step, grid=True)
         self.save()
+
+
+def check_rates(rewards: list[Any]) -> dict[str, float]:
+    """Mean of each scorer's own components (``name/key``, e.g. ``geneval/count``) over the samples
+    that have it: the per-check breakdown of an evaluation (a relation check exists only for
+    relation prompts, so it is averaged over those)."""
+    values: dict[str, list[float]] = {}
+    for r in rewards:
+        for k, v in r.components.items():
+            if "/" in k:
+                values.setdefault(k, []).append(float(v))
+    return {k: float(np.mean(v)) for k, v in sorted(values.items())}
 
 
 def run_trainer(
