@@ -65,4 +65,8 @@ def test_shapes_flowgrpo_short_run_learns(tmp_path: Path) -> None:
     assert final >= init + 0.08, f"held-out checker reward {init:.3f} -> {final:.3f}"
     rl = [r for r in rows if r["phase"] == "rl"]
     assert len(rl) == 3 and all(abs(r["ratio_mean"] - 1.0) < 1e-3 for r in rl)
+    # the KL reference is the SFT result RL starts from: the first step's KL (its 2nd mini-batch
+    # is one update away from it) is ~1e-4; against the pre-SFT init it would be ~1e-1
+    assert rl[0]["kl"] < 1e-2
+    assert 0.0 <= evals[-1]["eval_geneval/relation"] <= 1.0  # the per-check breakdown
     assert (run / "samples" / "rl.png").exists() and (run / "samples" / "sft.png").exists()
