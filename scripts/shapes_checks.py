@@ -1,0 +1,64 @@
+"""Per-sample accuracy and per-check rates of a shapes run's checkpoint, on train AND held-out captions.
+
+    python scripts/shapes_checks.py RUN_DIR [K] [override ...]      # K samples per caption (8)
+    SDE=1 python scripts/shapes_checks.py RUN_DIR                   # RL's SDE sampler instead of the ODE
+
+Tells a policy that is bad everywhere from one that does not generalise: the trainer's evaluation
+sees only the held-out captions. Overrides are those the run used (seed=..., sft.steps=...).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from unirl.apps.config import load
+from unirl.apps.loop import latest_checkpoint, make_samples
+from unirl.apps.run_dir import RunDir
+from unirl.apps.trainers.diffusion import DiffusionTrainer, Recipe
+from unirl.reward.protocol import ScoreItem
+from unirl.reward.worlds.scorer import ShapesScorer
+from unirl.train.checkpoint import load_checkpoint
+from unirl.types import to_numpy
+
+
+def main(run: Path, k: int, overrides: list[str]) -> None:
+    recipe = load(Recipe, "shapes_flowgrpo", overrides)
+    torch.set_num_threads(recipe.threads or 2)
+    trainer = DiffusionTrainer(recipe, RunDir(run / "checks", recipe.model_dump(mode="json")))
+    ckpt = latest_checkpoint(run)
+    if ckpt is None:
+        raise SystemExit(f"{run} has no checkpoint")
+    load_checkpoint(ckpt, trainer.backend)
+    params = trainer._rollout_params() if os.environ.get("SDE") else trainer.eval_params()
+    scorer = ShapesScorer(reward="correct", check_shape=False)
+    for split, records in (
+        ("held_out", trainer.data.eval_records()),
+        ("train", trainer.data.train_records()),
+    ):
+        samples = make_samples(records, step=0, samples_per_prompt=k, split="eval", dataset="shapes")
+        for s in samples:
+            s.ensure_part(trainer.stage).sampling_params = params
+        samples = trainer.engine.generate(samples, rollout_step=0)
+        items = [
+            ScoreItem(prompt=s.prompt, image=np.asarray(to_numpy(s.part(trainer.stage).outputs[0].pixels)))
+            for s in samples
+        ]
+        comps: dict[str, list[float]] = {}
+        for r in scorer.score(items):
+            for name, v in r.components.items():
+                comps.setdefault(name, []).append(v)
+        rates = " ".join(f"{name}={np.mean(v):.3f}" for name, v in comps.items())
+        print(f"{split}: {len(items)} samples ({len(records)} captions x {k}): {rates}", flush=True)
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if not args:
+        raise SystemExit(__doc__)
+    k = int(args[1]) if len(args) > 1 and args[1].isdigit() else 8
+    main(Path(args[0]), k, [a for a in args[1:] if not a.isdigit()])
