@@ -13,17 +13,14 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from unirl.apps.config import load
 from unirl.apps.loop import latest_checkpoint, make_samples
 from unirl.apps.run_dir import RunDir
+from unirl.apps.trainers.base import check_rates
 from unirl.apps.trainers.diffusion import DiffusionTrainer, Recipe
-from unirl.reward.protocol import ScoreItem
-from unirl.reward.worlds.scorer import ShapesScorer
 from unirl.train.checkpoint import load_checkpoint
-from unirl.types import to_numpy
 
 
 def main(run: Path, k: int, overrides: list[str]) -> None:
@@ -35,25 +32,17 @@ def main(run: Path, k: int, overrides: list[str]) -> None:
         raise SystemExit(f"{run} has no checkpoint")
     load_checkpoint(ckpt, trainer.backend)
     params = trainer._rollout_params() if os.environ.get("SDE") else trainer.eval_params()
-    scorer = ShapesScorer(reward="correct", check_shape=False)
-    for split, records in (
-        ("held_out", trainer.data.eval_records()),
-        ("train", trainer.data.train_records()),
-    ):
+    splits = (("held_out", trainer.data.eval_records()), ("train", trainer.data.train_records()))
+    for split, records in splits:
         samples = make_samples(records, step=0, samples_per_prompt=k, split="eval", dataset="shapes")
         for s in samples:
             s.ensure_part(trainer.stage).sampling_params = params
         samples = trainer.engine.generate(samples, rollout_step=0)
-        items = [
-            ScoreItem(prompt=s.prompt, image=np.asarray(to_numpy(s.part(trainer.stage).outputs[0].pixels)))
-            for s in samples
-        ]
-        comps: dict[str, list[float]] = {}
-        for r in scorer.score(items):
-            for name, v in r.components.items():
-                comps.setdefault(name, []).append(v)
-        rates = " ".join(f"{name}={np.mean(v):.3f}" for name, v in comps.items())
-        print(f"{split}: {len(items)} samples ({len(records)} captions x {k}): {rates}", flush=True)
+        # the recipe's reward service (its geneval scorer reports every check), averaged per check
+        # as the trainer's own evaluation does
+        rates = check_rates(trainer.reward.score_samples(samples, trainer.stage))
+        shown = " ".join(f"{name}={v:.3f}" for name, v in rates.items())
+        print(f"{split}: {len(samples)} samples ({len(records)} captions x {k}): {shown}", flush=True)
 
 
 if __name__ == "__main__":

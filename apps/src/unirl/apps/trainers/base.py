@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from unirl.apps.run_dir import RunDir, read_metrics
 from unirl.train.checkpoint import load_checkpoint, save_checkpoint
 from unirl.train.geometry import BatchGeometry
 from unirl.train.stack import TrainStack
-from unirl.types import Part, Sample, compute_sample_advantages
+from unirl.types import Part, Reward, Sample, compute_sample_advantages
 
 log = logging.getLogger("unirl")
 
@@ -313,7 +313,7 @@ class Trainer:
         self.save()
 
 
-def check_rates(rewards: list[Any]) -> dict[str, float]:
+def check_rates(rewards: Sequence[Reward]) -> dict[str, float]:
     """Mean of each scorer's own components (``name/key``, e.g. ``geneval/count``) over the samples
     that have it: the per-check breakdown of an evaluation (a relation check exists only for
     relation prompts, so it is averaged over those)."""
