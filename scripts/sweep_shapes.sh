@@ -1,20 +1,21 @@
 #!/bin/bash
-# RL sweep on the shapes world: SFT seeds, then FlowGRPO variants from each SFT checkpoint, all
+# RL sweep on the shapes world: SFT seeds, then RL variants (FlowGRPO, or any RECIPE) from each SFT checkpoint, all
 # processes in parallel (a GPU machine runs the whole sweep in ~3 minutes; the tiny model needs
 # little of the GPU). Needs `unirl` importable by python3 (PYTHONPATH or an installed env).
 #   bash scripts/sweep_shapes.sh OUT_DIR [VARIANTS_FILE]   # summary in OUT_DIR/summary.txt
 #   SW=/tmp/sweep SWX="sft.steps=2 rl.steps=1" bash scripts/sweep_shapes.sh /tmp/out   # smoke run
 # VARIANTS_FILE: one variant a line, `name<TAB>override<TAB>override...` (no file: the variants
-# below). SEEDS (default "0 1 2") picks the SFT seeds; T_SFT / T_RL bound each run in seconds.
+# below). SEEDS (default "0 1 2") picks the SFT seeds; T_SFT / T_RL bound each run in seconds;
+# RECIPE (default shapes_flowgrpo) is the recipe name or YAML path; EV the evaluation overrides.
 # Summary columns: eval accuracy/reward per stage (init, sft, rl); RL train reward first -> last 5.
-O=${1:-/tmp/out}; S=${SW:-/tmp/sw}; X=${SWX:-}; mkdir -p $S $O
+O=${1:-/tmp/out}; S=${SW:-/tmp/sw}; X=${SWX:-}; R=${RECIPE:-shapes_flowgrpo}; mkdir -p $S $O
 run() { local name=$1; shift; timeout ${T:-200} python3 -c 'import sys; from unirl.apps.cli import main; sys.exit(main(sys.argv[1:]))' "$@" > $S/$name.log 2>&1; echo "$name rc=$? $(date +%T)"; }
-EV="eval.samples_per_prompt=8"
+EV=${EV:-eval.samples_per_prompt=8}
 CORR='reward.scorers=[{name: geneval, weight: 1.0, scorer: {kind: shapes, reward: correct, check_shape: false}}]'
 SEEDS=${SEEDS:-0 1 2}
-rm -rf "$S"; mkdir -p "$S"; T=${T_SFT:-120}; for s in $SEEDS; do run sft$s sft shapes_flowgrpo seed=$s threads=1 $EV $X --run-dir $S/sft$s & done; wait; T=${T_RL:-170}
+rm -rf "$S"; mkdir -p "$S"; T=${T_SFT:-120}; for s in $SEEDS; do run sft$s sft $R seed=$s threads=1 $EV $X --run-dir $S/sft$s & done; wait; T=${T_RL:-170}
 variant() {  # name seed overrides...
-  local v=$1 s=$2; shift 2; cp -r $S/sft$s $S/$v-$s; run $v-$s train shapes_flowgrpo seed=$s threads=1 $EV $X "$@" --run-dir $S/$v-$s
+  local v=$1 s=$2; shift 2; cp -r $S/sft$s $S/$v-$s; run $v-$s train $R seed=$s threads=1 $EV $X "$@" --run-dir $S/$v-$s
 }
 for s in $SEEDS; do
   if [[ -n "${2:-}" ]]; then
@@ -37,6 +38,7 @@ for d in sorted(pathlib.Path(sys.argv[1]).iterdir()):
     except OSError:
         print(d.name, "NO METRICS"); continue
     ev = [f"{r['eval_accuracy']:.3f}/{r['eval_reward']:.3f}" for r in rows if r.get("phase") == "eval"]
+    ev = ev[:2] + ["|"] + ev[2:] if len(ev) > 2 else ev  # init, sft | RL evals (eval.every, then the last)
     rl = [r.get("reward_mean", float("nan")) for r in rows if r.get("phase") == "rl"]
     tr = f"rl_reward {sum(rl[:5])/max(len(rl[:5]),1):.3f}->{sum(rl[-5:])/max(len(rl[-5:]),1):.3f} ({len(rl)} steps)" if rl else ""
     print(d.name, " ".join(ev), tr)
