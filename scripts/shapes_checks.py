@@ -23,14 +23,21 @@ from unirl.apps.trainers.diffusion import DiffusionTrainer, Recipe
 from unirl.train.checkpoint import load_checkpoint
 
 
-def main(run: Path, k: int, overrides: list[str]) -> None:
+def load_policy(run: Path, overrides: list[str], subdir: str) -> DiffusionTrainer:
+    """The shapes recipe's trainer (with ``overrides``) holding RUN_DIR's latest checkpoint; its own
+    artifacts go to RUN_DIR/subdir."""
     recipe = load(Recipe, "shapes_flowgrpo", overrides)
     torch.set_num_threads(recipe.threads or 2)
-    trainer = DiffusionTrainer(recipe, RunDir(run / "checks", recipe.model_dump(mode="json")))
+    trainer = DiffusionTrainer(recipe, RunDir(run / subdir, recipe.model_dump(mode="json")))
     ckpt = latest_checkpoint(run)
     if ckpt is None:
         raise SystemExit(f"{run} has no checkpoint")
     load_checkpoint(ckpt, trainer.backend)
+    return trainer
+
+
+def main(run: Path, k: int, overrides: list[str]) -> None:
+    trainer = load_policy(run, overrides, "checks")
     params = trainer._rollout_params() if os.environ.get("SDE") else trainer.eval_params()
     splits = (("held_out", trainer.data.eval_records()), ("train", trainer.data.train_records()))
     for split, records in splits:
