@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from unirl.apps.config import load
-from unirl.apps.loop import latest_checkpoint, make_samples
+from unirl.apps.loop import latest_checkpoint
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.base import check_rates
 from unirl.apps.trainers.diffusion import DiffusionTrainer, Recipe
@@ -41,10 +41,7 @@ def main(run: Path, k: int, overrides: list[str]) -> None:
     params = trainer._rollout_params() if os.environ.get("SDE") else trainer.eval_params()
     splits = (("held_out", trainer.data.eval_records()), ("train", trainer.data.train_records()))
     for split, records in splits:
-        samples = make_samples(records, step=0, samples_per_prompt=k, split="eval", dataset="shapes")
-        for s in samples:
-            s.ensure_part(trainer.stage).sampling_params = params
-        samples = trainer.engine.generate(samples, rollout_step=0)
+        samples = trainer.sample_prompts(records, k, params)
         # the recipe's reward service (its geneval scorer reports every check), averaged per check
         # as the trainer's own evaluation does
         rates = check_rates(trainer.reward.score_samples(samples, trainer.stage))

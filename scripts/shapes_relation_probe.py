@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from shapes_checks import load_policy  # scripts/ is on sys.path when this file runs
 
-from unirl.apps.loop import PromptRecord, make_samples
+from unirl.apps.loop import PromptRecord
 from unirl.reward.worlds.shapes_checker import CheckerConfig, colour_masks
 from unirl.types import to_numpy
 
@@ -32,13 +32,9 @@ CAPTIONS = (
 
 def main(run: Path, overrides: list[str], k: int = 16) -> None:
     trainer = load_policy(run, overrides, "probe")
-    images = {}
+    images, params = {}, trainer.eval_params()
     for caption in CAPTIONS:  # one record id for all: every caption starts from the same k noises
-        samples = make_samples([PromptRecord(id="probe", prompt=caption)], step=0, samples_per_prompt=k,
-                               split="eval", dataset="shapes")  # fmt: skip
-        for s in samples:
-            s.ensure_part(trainer.stage).sampling_params = trainer.eval_params()
-        samples = trainer.engine.generate(samples, rollout_step=0)
+        samples = trainer.sample_prompts([PromptRecord(id="probe", prompt=caption)], k, params)
         images[caption] = np.stack(
             [np.asarray(to_numpy(s.part(trainer.stage).outputs[0].pixels)) for s in samples]
         )

@@ -217,6 +217,16 @@ class Trainer:
         return samples, extra
 
     # ---- evaluation ---------------------------------------------------------------------------
+    def sample_prompts(self, records: Sequence[Any], samples_per_prompt: int, params: Any) -> list[Sample]:
+        """``samples_per_prompt`` samples of each record with the given sampling params (eval ids:
+        the same records always start from the same initial noise)."""
+        samples = make_samples(
+            list(records), step=0, samples_per_prompt=samples_per_prompt, split="eval", dataset=self.data.name
+        )
+        for s in samples:
+            s.ensure_part(self.stage).sampling_params = params
+        return self.engine.generate(samples, rollout_step=0)
+
     @torch.no_grad()
     def evaluate(self, name: str, *, step: int, grid: bool = False) -> dict[str, float]:
         """Held-out prompts, ``eval.samples_per_prompt`` each. Metrics: ``reward`` (mean),
@@ -228,13 +238,7 @@ class Trainer:
         if not records:
             return {}
         t0 = time.time()
-        samples = make_samples(
-            records, step=0, samples_per_prompt=ev.samples_per_prompt, split="eval", dataset=self.data.name
-        )
-        params = self.eval_params()
-        for s in samples:
-            s.ensure_part(self.stage).sampling_params = params
-        samples = self.engine.generate(samples, rollout_step=0)
+        samples = self.sample_prompts(records, ev.samples_per_prompt, self.eval_params())
         scored = self.reward.score_samples(samples, self.stage)
         rewards = [r.total for r in scored]
         solved: dict[str, bool] = {}
