@@ -52,12 +52,23 @@ class TinyShapesModelConfig(BaseModel):
     arch: Literal["unet", "sd3"] = "unet"
     resolution: int = Field(default=32, ge=8, description="must equal data.resolution")
     unet_channels: int = Field(default=32, ge=4, description="arch=unet only")
+    unet_coord_channels: bool = Field(
+        default=False, description="arch=unet only: row/column coordinate planes as extra input channels"
+    )
+    unet_text_layers: int = Field(
+        default=0, ge=0, description="arch=unet only: trainable transformer layers over the text tokens"
+    )
     patch_size: int = Field(default=4, ge=1, description="arch=sd3 only")
     num_layers: int = Field(default=4, ge=1, description="arch=sd3 only")
     num_heads: int = Field(default=4, ge=1, description="arch=sd3 only")
     head_dim: int = Field(default=16, ge=4, description="arch=sd3 only")
     text_dim: int = Field(default=64, ge=8)
     text_layers: int = Field(default=2, ge=1)
+    text_pos_std: float = Field(
+        default=0.02,
+        ge=0.0,
+        description="init std of the frozen text encoder's positions (~1 keeps word order)",
+    )
 
     def build(self, device: torch.device, seed: int) -> Any:
         from unirl.rollout.models.tiny.pixel_bundle import PixelFlowBundle

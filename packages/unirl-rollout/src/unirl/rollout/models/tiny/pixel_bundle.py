@@ -75,6 +75,9 @@ class PixelFlowBundle:
         text_layers: int = 2,
         max_words: int = 11,
         unet_channels: int = 32,
+        unet_coord_channels: bool = False,
+        unet_text_layers: int = 0,
+        text_pos_std: float = 0.02,
         sd3_patch_size: int = 4,
         sd3_layers: int = 4,
         sd3_heads: int = 4,
@@ -89,10 +92,24 @@ class PixelFlowBundle:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             text = TinyTextEncoder(
-                tokenizer.vocab_size, tokenizer.max_length, text_dim, text_layers, 4, text_dim, text_dim
+                tokenizer.vocab_size,
+                tokenizer.max_length,
+                text_dim,
+                text_layers,
+                4,
+                text_dim,
+                text_dim,
+                pos_init_std=text_pos_std,
             )
             if arch == "unet":
-                net: nn.Module = TinyUNet(3, unet_channels, text_dim, text_dim)
+                net: nn.Module = TinyUNet(
+                    3,
+                    unet_channels,
+                    text_dim,
+                    text_dim,
+                    coord_channels=unet_coord_channels,
+                    text_layers=unet_text_layers,
+                )
                 patch = 1
             else:
                 if resolution % sd3_patch_size:
@@ -127,12 +144,15 @@ class PixelFlowBundle:
         head_dim: int = 16,
         text_dim: int = 64,
         text_layers: int = 2,
+        text_pos_std: float = 0.02,
         unet_channels: int = 32,
+        unet_coord_channels: bool = False,
+        unet_text_layers: int = 0,
         seed: int = 0,
         train_text_encoder: bool = False,
     ) -> PixelFlowBundle:
         """The shapes-world model over `SHAPES_VOCAB`. patch_size / num_layers / num_heads / head_dim
-        apply to arch="sd3" only; unet_channels to arch="unet" (the default: on a 2-core CPU budget the
+        apply to arch="sd3" only; unet_* to arch="unet" (the default: on a 2-core CPU budget the
         pixel SD3 transformer had not formed coherent objects after ~2k steps, the U-Net had after ~300)."""
         return cls.tiny(
             SHAPES_VOCAB,
@@ -140,7 +160,10 @@ class PixelFlowBundle:
             resolution=resolution,
             text_dim=text_dim,
             text_layers=text_layers,
+            text_pos_std=text_pos_std,
             unet_channels=unet_channels,
+            unet_coord_channels=unet_coord_channels,
+            unet_text_layers=unet_text_layers,
             sd3_patch_size=patch_size,
             sd3_layers=num_layers,
             sd3_heads=num_heads,
