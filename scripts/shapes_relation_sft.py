@@ -32,7 +32,7 @@ from unirl.apps.worlds.shapes import ShapesWorld, ShapesWorldConfig, images_to_u
 from unirl.reward.worlds.shapes_checker import CheckerConfig, check_image, colour_masks
 from unirl.rollout.models.tiny.pixel_bundle import SHAPES_VOCAB
 from unirl.rollout.models.tiny.text_encoder import TinyTextEncoder, WordTokenizer
-from unirl.rollout.models.tiny.unet import JointAttention, TinyUNet
+from unirl.rollout.models.tiny.unet import JointAttention, TinyUNet, coordinate_planes
 
 VARIANTS = {
     "base": {},
@@ -167,11 +167,8 @@ class Net(nn.Module):
     def forward(self, x, sigma, cond):
         hidden, pooled = cond
         self._text = hidden
-        if self.coord:
-            b, _, h, w = x.shape
-            ys = torch.linspace(-1, 1, h, device=x.device).view(1, 1, h, 1).expand(b, 1, h, w)
-            xs = torch.linspace(-1, 1, w, device=x.device).view(1, 1, 1, w).expand(b, 1, h, w)
-            x = torch.cat([x, ys, xs], dim=1)
+        if self.coord:  # the planes outside the U-Net (its own init order, as the sweeps ran)
+            x = torch.cat([x, coordinate_planes(x)], dim=1)
         return self.unet(x, hidden, pooled, sigma * 1000.0)[0]
 
 

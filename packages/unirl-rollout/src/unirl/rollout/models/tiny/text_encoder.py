@@ -54,6 +54,14 @@ class WordTokenizer:
         return ids_BL, ids_BL != PAD_ID
 
 
+def pre_norm_encoder(dim: int, num_heads: int, num_layers: int) -> nn.TransformerEncoder:
+    """`num_layers` pre-norm transformer encoder layers (FFN 2x dim, no dropout, batch first)."""
+    layer = nn.TransformerEncoderLayer(
+        dim, num_heads, dim_feedforward=2 * dim, dropout=0.0, batch_first=True, norm_first=True
+    )
+    return nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
+
+
 class TinyTextEncoder(nn.Module):
     """Embedding + learned positions + a few transformer encoder layers.
 
@@ -84,10 +92,7 @@ class TinyTextEncoder(nn.Module):
         # nearly order-blind (one word at two positions: cosine 0.9996 of its two outputs); at
         # std 1, 0.40-0.82, so the per-token outputs keep the word order (apps/tests/test_worlds_models.py).
         nn.init.normal_(self.pos, std=pos_init_std)
-        layer = nn.TransformerEncoderLayer(
-            dim, num_heads, dim_feedforward=2 * dim, dropout=0.0, batch_first=True, norm_first=True
-        )
-        self.layers = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
+        self.layers = pre_norm_encoder(dim, num_heads, num_layers)
         self.norm = nn.LayerNorm(dim)
         self.to_hidden = nn.Linear(dim, joint_dim)
         self.to_pooled = nn.Linear(dim, pooled_dim)

@@ -24,6 +24,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from unirl.rollout.models.tiny.text_encoder import pre_norm_encoder
+
 
 def timestep_embedding(t_B: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal embedding [B, dim] of timesteps in [0, 1000]."""
@@ -89,10 +91,7 @@ class TextLayers(nn.Module):
 
     def __init__(self, text_dim: int, num_layers: int, heads: int = 4) -> None:
         super().__init__()
-        layer = nn.TransformerEncoderLayer(
-            text_dim, heads, dim_feedforward=2 * text_dim, dropout=0.0, batch_first=True, norm_first=True
-        )
-        self.layers = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
+        self.layers = pre_norm_encoder(text_dim, heads, num_layers)
         self.norm = nn.LayerNorm(text_dim)
 
     def forward(self, text_BLD: torch.Tensor) -> torch.Tensor:
@@ -161,7 +160,7 @@ class TinyUNet(nn.Module):
         if self.coord_channels:
             hidden_states = torch.cat([hidden_states, coordinate_planes(hidden_states)], dim=1)
         # NHWC activations (weights stay contiguous, as FSDP requires): a CPU training step at
-        # 32x32 x 64 samples runs ~20% faster than NCHW (docs/benchmarks.md)
+        # 32x32 x 64 samples runs 10-30% faster than NCHW (scripts/bench_tiny_unet_layout.py)
         h = self.conv_in(hidden_states.contiguous(memory_format=torch.channels_last))
         skips = []
         for block, pool in zip(self.down, self.pool):
