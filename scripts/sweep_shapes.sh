@@ -6,18 +6,23 @@
 #   SW=/tmp/sweep SWX="sft.steps=2 rl.steps=1" bash scripts/sweep_shapes.sh /tmp/out   # smoke run
 # VARIANTS_FILE: one variant a line, `name<TAB>override<TAB>override...` (no file: the variants
 # below). SEEDS (default "0 1 2") picks the SFT seeds; T_SFT / T_RL bound each run in seconds;
-# RECIPE (default shapes_flowgrpo) is the recipe name or YAML path; EV the evaluation overrides.
+# RECIPE (default shapes_flowgrpo) is the recipe name or YAML path; EV the evaluation overrides;
+# SFT_STEPS (e.g. "800 1100") runs one SFT per seed and step count, and every variant from each.
 # Summary columns: eval accuracy/reward per stage (init, sft, rl); RL train reward first -> last 5.
 O=${1:-/tmp/out}; S=${SW:-/tmp/sw}; X=${SWX:-}; R=${RECIPE:-shapes_flowgrpo}; mkdir -p $S $O
 run() { local name=$1; shift; timeout ${T:-200} python3 -c 'import sys; from unirl.apps.cli import main; sys.exit(main(sys.argv[1:]))' "$@" > $S/$name.log 2>&1; echo "$name rc=$? $(date +%T)"; }
 EV=${EV:-eval.samples_per_prompt=8}
 CORR='reward.scorers=[{name: geneval, weight: 1.0, scorer: {kind: shapes, reward: correct, check_shape: false}}]'
 SEEDS=${SEEDS:-0 1 2}
-rm -rf "$S"; mkdir -p "$S"; T=${T_SFT:-120}; for s in $SEEDS; do run sft$s sft $R seed=$s threads=1 $EV $X --run-dir $S/sft$s & done; wait; T=${T_RL:-170}
-variant() {  # name seed overrides...
-  local v=$1 s=$2; shift 2; cp -r $S/sft$s $S/$v-$s; run $v-$s train $R seed=$s threads=1 $EV $X "$@" --run-dir $S/$v-$s
+# CKPTS: "seed" (the recipe's SFT) or "seed:steps" (SFT_STEPS), one SFT run each.
+CKPTS=(); for s in $SEEDS; do if [[ -n "${SFT_STEPS:-}" ]]; then for n in $SFT_STEPS; do CKPTS+=("$s:$n"); done; else CKPTS+=("$s"); fi; done
+sft_args() { [[ $1 == *:* ]] && echo "seed=${1%%:*} sft.steps=${1##*:}" || echo "seed=$1"; }
+rm -rf "$S"; mkdir -p "$S"; T=${T_SFT:-120}
+for c in "${CKPTS[@]}"; do run sft${c/:/_} sft $R $(sft_args $c) threads=1 $EV $X --run-dir $S/sft${c/:/_} & done; wait; T=${T_RL:-170}
+variant() {  # name checkpoint overrides...
+  local v=$1 c=$2 n=$1-${2/:/_}; shift 2; cp -r $S/sft${c/:/_} $S/$n; run $n train $R $(sft_args $c) threads=1 $EV $X "$@" --run-dir $S/$n
 }
-for s in $SEEDS; do
+for s in "${CKPTS[@]}"; do
   if [[ -n "${2:-}" ]]; then
     while IFS=$'\t' read -r -a v; do [[ ${#v[@]} -gt 0 && ${v[0]} != \#* ]] && variant "${v[@]:0:1}" $s "${v[@]:1}" & done < "$2"
   else

@@ -34,6 +34,49 @@ def test_overrides_and_interpolation(tmp_path):
     assert cfg.train.micro_batch_size == 4 and cfg.name == "toy-x"
 
 
+def test_override_of_kind_replaces_the_node():
+    """A new `kind` starts the node afresh; the same kind merges field by field."""
+    algo = load_dict(
+        "shapes_flowgrpo", ["rl.algorithm.kind=diffusion_nft", "rl.algorithm.timesteps_per_sample=2"]
+    )
+    assert algo["rl"]["algorithm"] == {"kind": "diffusion_nft", "timesteps_per_sample": 2}
+    kept = load_dict("shapes_flowgrpo", ["rl.algorithm.kind=flow_grpo", "rl.algorithm.kl_coef=0.3"])
+    assert kept["rl"]["algorithm"] == {"kind": "flow_grpo", "clip_range": 1.0e-3, "kl_coef": 0.3}
+    nested = load_dict("shapes_flowgrpo", ["sampling.sde_schedule={kind: all}"])
+    assert nested["sampling"]["sde_schedule"] == {"kind": "all"}
+    assert nested["sampling"]["eta"] == 0.7  # siblings of the replaced node are kept
+    data = load_dict(
+        "shapes_flowgrpo", ["rl.algorithm={kind: diffusion_nft}", "backend.ema={decay: 0.5, ramp: 0.001}"]
+    )
+    assert validate(trainer_module("diffusion").Recipe, data).rl.algorithm.kind == "diffusion_nft"
+
+
+def test_base_recipe_is_merged_under_the_file(tmp_path):
+    """`base:` loads a shipped recipe or a sibling file first; a node with a new kind replaces it."""
+    (tmp_path / "parent.yaml").write_text("trainer: toy\ntrain: {micro_batch_size: 2}\nname: p\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("base: parent.yaml\nname: c\n")
+    cfg = load(Toy, str(child), ["train.micro_batch_size=5"])
+    assert (cfg.name, cfg.train.micro_batch_size) == ("c", 5)
+    nft = load_dict("shapes_nft")
+    flow = load_dict("shapes_flowgrpo")
+    assert nft["model"] == flow["model"] and nft["sft"] == flow["sft"]
+    assert nft["rl"]["algorithm"] == {"kind": "diffusion_nft", "timesteps_per_sample": 2}
+    assert nft["sampling"]["sde_strategy"] == "ode" and "base" not in nft
+    (tmp_path / "parent.yaml").write_text("base: child.yaml\ntrainer: toy\n")
+    with pytest.raises(RecipeError, match=r"`base` chain loops \(child.yaml -> parent.yaml -> child.yaml\)"):
+        load_dict(str(child))
+
+
+def test_nft_recipe_needs_the_matching_ema():
+    """DiffusionNFT's old policy is the backend EMA: a missing or different one fails at load."""
+    Recipe = trainer_module("diffusion").Recipe
+    assert validate(Recipe, load_dict("shapes_nft")).backend.ema is not None
+    for bad in ("backend.ema=null", "backend.ema.decay=0.9"):
+        with pytest.raises(RecipeError, match=r"set backend.ema=\{decay: 0.5, ramp: 0.001\}"):
+            validate(Recipe, load_dict("shapes_nft", [bad]))
+
+
 def test_typo_names_the_path(tmp_path):
     r = write(tmp_path, "trainer: toy\ntrain: {micro_batch_sise: 2}\n")
     with pytest.raises(RecipeError) as e:

@@ -143,3 +143,31 @@ def test_missing_features_give_clear_errors() -> None:
         FSDPConfig(optimizer=AdamWConfig(lr=1.0), gradient_checkpointing=True).build(
             torch.nn.Linear(1, 1), "cpu"
         )
+
+
+def test_restart_ema_starts_at_the_weights_and_restarts_the_ramp() -> None:
+    """After `restart_ema` the shadow equals the live weights, and the ramped decay counts its
+    updates from there: d_0 = 0, so the first update copies the weights (NFT's on-policy start)."""
+    b = linear_backend(ema=EMAConfig(decay=0.5, ramp=0.25))
+    for _ in range(3):  # ramp: d = 0, 0.25, 0.5
+        backward_xy(b)
+        b.step()
+    shadow = lambda: full(b.ema.shadow["weight"]).clone()  # noqa: E731
+    w = lambda: full(b.module.weight.detach()).clone()  # noqa: E731
+    assert not torch.allclose(shadow(), w())  # it lags the weights
+    b.restart_ema()
+    torch.testing.assert_close(shadow(), w())
+    before = w()
+    backward_xy(b)
+    b.step()  # d_0 = 0 again (without the restart: d_3 = 0.5, half the old shadow)
+    torch.testing.assert_close(shadow(), w())
+    assert not torch.allclose(before, w())
+    prev = w()
+    backward_xy(b)
+    b.step()  # d_1 = 0.25: shadow = 0.25 * prev + 0.75 * new
+    torch.testing.assert_close(shadow(), 0.25 * prev + 0.75 * w())
+    assert b.state_dict()["ema_start"] == 3
+    b2 = linear_backend(ema=EMAConfig(decay=0.5, ramp=0.25))
+    b2.load_state_dict(b.state_dict())
+    assert b2._ema_start == 3
+    torch.testing.assert_close(full(b2.ema.shadow["weight"]), shadow())

@@ -56,11 +56,25 @@ def test_schedule_union_selects_by_kind_and_rejects_typos() -> None:
         CosineSchedule(total_steps=10, warmup_steps=10)
 
 
-def test_adamw_not_fused_on_cpu_and_rejects_empty() -> None:
-    p = torch.nn.Parameter(torch.zeros(2))
-    opt = AdamWConfig(lr=1e-3, weight_decay=0.01).build([p], torch.device("cpu"))
-    assert not opt.param_groups[0]["fused"]
-    assert opt.param_groups[0]["weight_decay"] == 0.01
+def test_adamw_fused_on_cpu_matches_the_loop_and_rejects_empty() -> None:
+    """The fused CPU kernel takes the steps torch's per-parameter loop takes (fp32 rounding)."""
+    gen = torch.Generator().manual_seed(0)
+    init = [torch.randn(5, 3, generator=gen), torch.randn(7, generator=gen)]
+    grads = [[torch.randn_like(t) for t in init] for _ in range(4)]
+    runs = []
+    for fused in (True, False):
+        ps = [torch.nn.Parameter(t.clone()) for t in init]
+        opt = AdamWConfig(lr=1e-2, weight_decay=0.01, fused=fused).build(ps, torch.device("cpu"))
+        assert bool(opt.param_groups[0]["fused"]) is fused
+        assert opt.param_groups[0]["weight_decay"] == 0.01
+        for step in grads:
+            for p, g in zip(ps, step, strict=True):
+                p.grad = g.clone()
+            opt.step()
+        runs.append(ps)
+    for a, b, x in zip(*runs, init, strict=True):
+        assert (a - x).abs().max() > 1e-2  # it moved: 4 steps of ~lr each
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="no trainable parameters"):
         AdamWConfig(lr=1e-3).build([], torch.device("cpu"))
 

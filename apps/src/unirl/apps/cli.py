@@ -12,8 +12,8 @@ from types import ModuleType
 
 from unirl.apps.config import RecipeError, load_dict, shipped_recipes, validate
 
-DEFAULT_RECIPE = "shapes_flowgrpo"
-"""What `unirl train` (and `./dev run`) runs with no recipe: SFT then FlowGRPO on the shapes world."""
+DEFAULT_RECIPE = "shapes_nft"
+"""What `unirl train` (and `./dev run`) runs with no recipe: SFT then DiffusionNFT on the shapes world."""
 
 TRAINERS = {
     "diffusion": "unirl.apps.trainers.diffusion",
@@ -23,11 +23,12 @@ TRAINERS = {
 
 EPILOG = """\
 examples:
-  unirl train                                   # the default: SFT then FlowGRPO on the shapes world
+  unirl train                                   # the default: SFT then DiffusionNFT on the shapes world
+  unirl train shapes_flowgrpo                   # the same world and SFT, then FlowGRPO
   unirl train arithmetic_grpo rl.steps=40       # another shipped recipe, with an override
   unirl train my_recipe.yaml train.lr=1e-4      # your own recipe file
-  unirl sft shapes_flowgrpo                     # only the SFT warm-start
-  unirl eval runs/shapes_flowgrpo-20261201-0400 # held-out evaluation of a run's last checkpoint
+  unirl sft shapes_nft                          # only the SFT warm-start
+  unirl eval runs/shapes_nft-20261201-0400      # held-out evaluation of a run's last checkpoint
   unirl recipes                                 # list shipped recipes
 Every run writes a directory (default runs/<recipe>-<time>/) with config.yaml, metrics.jsonl,
 tb/ (TensorBoard), plots/*.png, samples/*.png, checkpoints/ and report.md.

@@ -10,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
@@ -46,18 +46,57 @@ def load_dict(recipe: str, overrides: list[str] | None = None) -> dict[str, Any]
     """The recipe merged with dotted overrides, interpolations resolved, as plain data."""
     path = resolve_recipe_path(recipe)
     try:
-        cfg = OmegaConf.load(path)
+        cfg = _load_with_base(path, ())
         if overrides:
             bad = [o for o in overrides if "=" not in o]
             if bad:
                 raise RecipeError(f"override {bad[0]!r} is not of the form a.b=value")
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+            extra = OmegaConf.from_dotlist(overrides)
+            _drop_replaced_kinds(cfg, extra)
+            cfg = OmegaConf.merge(cfg, extra)
         data = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
         raise RecipeError(f"recipe {path}: {e}") from None
     if not isinstance(data, dict):
         raise RecipeError(f"recipe {path} must be a mapping at the top level")
     return {str(k): v for k, v in data.items()}
+
+
+def _load_with_base(path: Path, chain: tuple[Path, ...]) -> DictConfig:
+    """One recipe file; a top-level `base: NAME` (a shipped recipe, or a .yaml path relative to
+    this file) loads that recipe first and this file's keys are merged over it, node by node."""
+    if path.resolve() in chain:
+        names = " -> ".join(p.name for p in (*chain, path.resolve()))
+        raise RecipeError(f"recipe {path}: `base` chain loops ({names})")
+    cfg = OmegaConf.load(path)
+    if not isinstance(cfg, DictConfig):
+        raise RecipeError(f"recipe {path} must be a mapping at the top level")
+    if "base" not in cfg:
+        return cfg
+    base = str(cfg.pop("base"))
+    if base.endswith((".yaml", ".yml")):
+        base = str(path.parent / base)
+    parent = _load_with_base(resolve_recipe_path(base), (*chain, path.resolve()))
+    _drop_replaced_kinds(parent, cfg)
+    merged = OmegaConf.merge(parent, cfg)
+    assert isinstance(merged, DictConfig)
+    return merged
+
+
+def _drop_replaced_kinds(base: DictConfig, extra: DictConfig) -> None:
+    """Where an override gives a node another `kind`, the recipe's node is dropped, not merged.
+
+    `rl.algorithm.kind=diffusion_nft` then starts that node from the override's keys alone instead
+    of keeping the recipe's FlowGRPO fields (which the strict config would reject as unknown).
+    """
+    for key, value in extra.items():
+        old = base.get(key) if isinstance(base, DictConfig) else None
+        if not (isinstance(value, DictConfig) and isinstance(old, DictConfig)):
+            continue
+        if "kind" in value and old.get("kind") != value.get("kind"):
+            del base[key]
+        else:
+            _drop_replaced_kinds(old, value)
 
 
 def format_validation_error(err: ValidationError) -> str:

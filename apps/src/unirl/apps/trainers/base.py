@@ -96,14 +96,17 @@ class Trainer:
         ``dp_size``: data-parallel ranks sharing each batch (SFT micro-batches are per rank).
         ``starting``: the phase starts here (not resumed mid-way). RL then drops the optimizer
         state (``rl.reset_optimizer``) and, with ``backend.reference=frozen_copy``, takes the
-        policy it starts from (the SFT result) as its KL reference; a resumed RL phase keeps both
-        from its checkpoint."""
+        policy it starts from (the SFT result) as its KL reference; with ``backend.ema`` its EMA
+        restarts there, decay ramp included (DiffusionNFT's old policy starts on-policy). A resumed
+        RL phase keeps all three from its checkpoint."""
         phase = getattr(self.cfg, name)
         if starting and name == "rl":
             if phase.reset_optimizer:
                 self.backend.reset_optimizer()
             if getattr(self.cfg.backend, "reference", "none") == "frozen_copy":
                 self.backend.snapshot_reference()
+            if getattr(self.cfg.backend, "ema", None) is not None:
+                self.backend.restart_ema()  # RL's EMA (NFT's old policy) starts at the SFT result
         if phase.lr is not None:
             set_base_lr(self.backend, phase.lr)
         if name == "sft":
@@ -308,6 +311,8 @@ class Trainer:
             self.sft(stop)
             if not stop.stop:
                 self.evaluate("sft", step=0, grid=True)
+                if mode == "train":
+                    self.save()  # the SFT result: RL killed before its first checkpoint resumes from here
         elif not resumed:
             self.evaluate("init", step=0, grid=True)
         if mode == "train" and not stop.stop:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from unirl.apps.data import PromptListConfig
 from unirl.apps.models import DiffusionModelConfig
 from unirl.apps.trainers.phases import RLPhase, RunSettings, SFTPhaseBase
 from unirl.apps.worlds.shapes_source import ShapesDataConfig
 from unirl.reward.config import ServiceConfig
-from unirl.train.algorithms import FlowSFTConfig
+from unirl.train.algorithms import DiffusionNFTConfig, FlowSFTConfig
 from unirl.train.backends.fsdp import FSDPConfig
 from unirl.types import DiffusionSamplingParams
 
@@ -33,3 +33,20 @@ class Recipe(RunSettings):
     reward: ServiceConfig
     sft: DiffusionSFTPhase | None = None
     rl: RLPhase | None = None
+
+    @model_validator(mode="after")
+    def _nft_old_policy(self) -> Recipe:
+        """DiffusionNFT's old policy is the backend's EMA: it must exist and decay as NFT says."""
+        alg = self.rl.algorithm if self.rl is not None else None
+        if not isinstance(alg, DiffusionNFTConfig):
+            return self
+        want = alg.ema_config()
+        ema = self.backend.ema
+        if ema is None or (ema.decay, ema.ramp) != (want["decay"], want["ramp"]):
+            got = None if ema is None else {"decay": ema.decay, "ramp": ema.ramp}
+            raise ValueError(
+                f"rl.algorithm.kind=diffusion_nft uses the backend's EMA as its old policy, but "
+                f"backend.ema={got}: set backend.ema={{decay: {want['decay']}, ramp: {want['ramp']}}} "
+                "(rl.algorithm.ema_cap / ema_rate)"
+            )
+        return self

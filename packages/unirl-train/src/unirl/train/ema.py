@@ -3,7 +3,9 @@
 theta_ema <- d * theta_ema + (1 - d) * theta after every applied optimizer step, with
 d = decay, or d_k = min(ramp * k, decay) when `ramp` is set (DiffusionNFT's old policy:
 ramp 0.001, decay 0.5, where k is the number of optimizer steps applied before this update).
-Works on plain tensors and on FSDP2 DTensor shards alike (all updates are local, in place).
+Works on plain tensors and on FSDP2 DTensor shards alike (all updates are local, in place, on
+each shard's local tensor: DTensor dispatch per op cost 0.22 s a step over the 140 tensors of the
+tiny shapes U-Net, the local loop ~1 ms; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -33,11 +35,19 @@ def ema_decay(config: EMAConfig, step: int) -> float:
     return min(config.ramp * step, config.decay)
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor itself, or a DTensor's local shard (a view: in-place ops write the DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 @torch.no_grad()
 def ema_update_(shadow: Mapping[str, torch.Tensor], params: Mapping[str, torch.Tensor], decay: float) -> None:
     """shadow <- decay * shadow + (1 - decay) * param, in place, for every key of `shadow`."""
     for name, s in shadow.items():
-        s.lerp_(params[name].detach().to(s.dtype), 1.0 - decay)
+        s_local = local(s)
+        s_local.lerp_(local(params[name].detach()).to(s_local.dtype), 1.0 - decay)
 
 
 class EMA:
@@ -53,6 +63,12 @@ class EMA:
         d = ema_decay(self.config, step)
         ema_update_(self.shadow, self.params, d)
         return d
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Restart at the current parameters: the shadow forgets every earlier weight."""
+        for name, s in self.shadow.items():
+            local(s).copy_(local(self.params[name].detach()))
 
     @contextmanager
     def applied(self) -> Iterator[None]:
@@ -91,13 +107,14 @@ def swapped_weights(
 
     In-place copies keep FSDP2's sharded storage (and the optimizer's references) valid.
     """
+    live = {n: local(params[n].detach()) for n in values}
     with torch.no_grad():
-        backup = {n: params[n].detach().clone() for n in values}
+        backup = {n: t.clone() for n, t in live.items()}
         for n, v in values.items():
-            params[n].copy_(v.to(params[n].dtype))
+            live[n].copy_(local(v))
     try:
         yield
     finally:
         with torch.no_grad():
             for n, b in backup.items():
-                params[n].copy_(b)
+                live[n].copy_(b)

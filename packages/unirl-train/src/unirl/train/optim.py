@@ -16,7 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class AdamWConfig(BaseModel):
-    """torch.optim.AdamW settings; `fused` is used only on CUDA (the CPU path ignores it)."""
+    """torch.optim.AdamW settings; `fused` runs one kernel over all params (CUDA and CPU).
+
+    On CPU the unfused default is a Python loop over the params; over FSDP's DTensors it cost
+    71 ms a step for the 140 tensors of the tiny shapes U-Net, against 10 ms fused (docs/benchmarks.md).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -25,17 +29,17 @@ class AdamWConfig(BaseModel):
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(default=1e-8, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)
-    fused: bool = Field(default=True, description="Fused CUDA kernel when the params live on CUDA.")
+    fused: bool = Field(default=True, description="One fused kernel for all params (CUDA or CPU).")
 
     def build(self, params: Iterable[torch.nn.Parameter], device: torch.device) -> torch.optim.AdamW:
-        """An AdamW over `params` (fused only when `device` is CUDA)."""
+        """An AdamW over `params` (fused on CUDA and CPU, where torch has the kernel)."""
         params = list(params)
         if not params:
             raise ValueError(
                 "the optimizer got no trainable parameters: check lora.target_modules or which "
                 "modules are frozen"
             )
-        fused = self.fused and device.type == "cuda"
+        fused = self.fused and device.type in ("cuda", "cpu")
         return torch.optim.AdamW(
             params,
             lr=self.lr,

@@ -70,6 +70,9 @@ class TrainBackend(Protocol):
     def reference_weights(self) -> AbstractContextManager[None]:
         """Context in which `module` computes the frozen reference policy (for KL)."""
 
+    def restart_ema(self) -> None:
+        """Restart the EMA at the current weights, its decay ramp counted from here."""
+
     def snapshot_reference(self) -> None:
         """Make the current weights the frozen reference (a backend that keeps a frozen copy)."""
 

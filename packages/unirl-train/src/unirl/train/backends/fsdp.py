@@ -135,6 +135,7 @@ class FSDPBackend:
         if config.reference == "frozen_copy":
             self.snapshot_reference()
         self._step = 0
+        self._ema_start = 0  # the step the EMA (re)started at: its ramp counts updates from there
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -166,6 +167,15 @@ class FSDPBackend:
         inherit the previous phase's moments (RL after SFT) calls this before its first step."""
         self.optimizer.state.clear()
 
+    def restart_ema(self) -> None:
+        """Restart the EMA at the current weights, its decay ramp from its first update (``d_k``
+        with k counted from here). A phase whose EMA should not average the previous phase's
+        weights (DiffusionNFT's old policy, RL after SFT) calls this before its first step."""
+        if self.ema is None:
+            raise ValueError("restart_ema() needs backend.ema to be configured (e.g. ema: {decay: 0.9})")
+        self.ema.reset()
+        self._ema_start = self._step
+
     def snapshot_reference(self) -> None:
         """Make the current trainable weights the frozen KL reference (``reference='frozen_copy'``).
 
@@ -191,7 +201,7 @@ class FSDPBackend:
         self.optimizer.step()
         self.scheduler.step()
         if self.ema is not None:
-            self.ema.update(self._step)
+            self.ema.update(self._step - self._ema_start)
         self._step += 1
         self.zero_grad()
         return StepStats(grad_norm=grad_norm, lr=lr, skipped_nonfinite=False, global_step=self._step)
@@ -279,6 +289,7 @@ class FSDPBackend:
             "scheduler": self.scheduler.state_dict(),
             "ema": {n: _full(t).cpu() for n, t in self.ema.shadow.items()} if self.ema else {},
             "global_step": self._step,
+            "ema_start": self._ema_start,
         }
         if self._reference is not None:
             state["reference"] = {n: _full(t).cpu() for n, t in self._reference.items()}
@@ -316,6 +327,7 @@ class FSDPBackend:
                 for n, r in self._reference.items():
                     r.copy_(to_local_layout(state["reference"][n], r))
         self._step = int(state["global_step"])
+        self._ema_start = int(state.get("ema_start", 0))  # older checkpoints: the EMA never restarted
 
     def sharded_state_dict(self) -> dict[str, Any]:
         """This rank's view of the state (collective-free): trainable params, optimizer moments and
@@ -336,6 +348,7 @@ class FSDPBackend:
             "scheduler": self.scheduler.state_dict(),
             "ema": dict(self.ema.shadow) if self.ema else {},
             "global_step": self._step,
+            "ema_start": self._ema_start,
         }
         if self._reference is not None:
             state["reference"] = dict(self._reference)
