@@ -42,8 +42,10 @@ def test_ar_rewrite_conditions_the_diffusion_render(rewriter, sd3_bundle) -> Non
         assert ar.segment.kind == "text" and diff.segment.kind == "latent"
         # the render was conditioned on the rewrite, not on the original prompt
         expected = sd3_bundle.encode_prompts([ar.text])[0]
-        for k, v in expected.tensors.items():
-            assert torch.allclose(torch.as_tensor(diff.conditions[k]), torch.as_tensor(v))
+        for k, v in expected.tensors.items():  # batched vs alone: fp32 rounding only (SIMD-width dependent)
+            torch.testing.assert_close(
+                torch.as_tensor(diff.conditions[k]), torch.as_tensor(v), rtol=1e-4, atol=1e-5
+            )
     texts = {s.part("ar").text for s in out}
     original = sd3_bundle.encode_prompts(["a red circle"])[0]
     k0 = next(iter(original.tensors))
