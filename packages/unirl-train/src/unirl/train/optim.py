@@ -19,7 +19,8 @@ class AdamWConfig(BaseModel):
     """torch.optim.AdamW settings; `fused` runs one kernel over all params (CUDA and CPU).
 
     On CPU the unfused default is a Python loop over the params; over FSDP's DTensors it cost
-    71 ms a step for the 140 tensors of the tiny shapes U-Net, against 10 ms fused (docs/benchmarks.md).
+    82 ms a step for the 140 tensors of the tiny shapes U-Net, against 12 ms fused
+    (scripts/bench_adamw_cpu.py, docs/benchmarks.md).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
