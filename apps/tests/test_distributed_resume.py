@@ -70,20 +70,29 @@ def final_model(run_dir: Path) -> dict[str, torch.Tensor]:
     return state["model"]
 
 
+def _rl_step(checkpoint: Path) -> int:
+    """The RL step a complete checkpoint was written at; -1 while there is none."""
+    try:
+        json.loads((checkpoint / "meta.json").read_text())
+        return int(json.loads((checkpoint / "extra.json").read_text())["rl_step"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
 def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     recipe = write_recipe(tmp_path)
     full, cut = tmp_path / "full", tmp_path / "cut"
     ref = start(recipe, full, tmp_path / "full.log")
     victim = start(recipe, cut, tmp_path / "cut.log")
-    meta = cut / "checkpoints" / "latest" / "meta.json"
+    latest = cut / "checkpoints" / "latest"
     deadline = time.monotonic() + 240
-    while not meta.is_file():  # the first RL checkpoint (rl_step 1)
+    while _rl_step(latest) < 1:  # the first RL checkpoint (rl_step 1; the SFT result's is rl_step 0)
         assert victim.poll() is None, (tmp_path / "cut.log").read_text()[-2000:]
         assert time.monotonic() < deadline, "no checkpoint within 240 s"
         time.sleep(0.02)
     os.kill(victim.pid, signal.SIGKILL)
     assert victim.wait(60) == -signal.SIGKILL
-    killed_at = json.loads((cut / "checkpoints" / "latest" / "extra.json").read_text())["rl_step"]
+    killed_at = _rl_step(latest)
     assert 1 <= killed_at < STEPS  # killed mid-RL, not after the run
     resumed = start(recipe, cut, tmp_path / "cut.log")
     assert resumed.wait(300) == 0, (tmp_path / "cut.log").read_text()[-2000:]
