@@ -51,9 +51,7 @@ def load_dict(recipe: str, overrides: list[str] | None = None) -> dict[str, Any]
             bad = [o for o in overrides if "=" not in o]
             if bad:
                 raise RecipeError(f"override {bad[0]!r} is not of the form a.b=value")
-            extra = OmegaConf.from_dotlist(overrides)
-            _drop_replaced_kinds(cfg, extra)
-            cfg = OmegaConf.merge(cfg, extra)
+            cfg = _merge_over(cfg, OmegaConf.from_dotlist(overrides))
         data = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
         raise RecipeError(f"recipe {path}: {e}") from None
@@ -76,9 +74,13 @@ def _load_with_base(path: Path, chain: tuple[Path, ...]) -> DictConfig:
     base = str(cfg.pop("base"))
     if base.endswith((".yaml", ".yml")):
         base = str(path.parent / base)
-    parent = _load_with_base(resolve_recipe_path(base), (*chain, path.resolve()))
-    _drop_replaced_kinds(parent, cfg)
-    merged = OmegaConf.merge(parent, cfg)
+    return _merge_over(_load_with_base(resolve_recipe_path(base), (*chain, path.resolve())), cfg)
+
+
+def _merge_over(base: DictConfig, extra: DictConfig) -> DictConfig:
+    """`extra` merged over `base` (a `base:` file or the overrides), nodes of a new kind replaced."""
+    _drop_replaced_kinds(base, extra)
+    merged = OmegaConf.merge(base, extra)
     assert isinstance(merged, DictConfig)
     return merged
 
