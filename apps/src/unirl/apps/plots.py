@@ -9,13 +9,26 @@ from typing import Any
 import numpy as np
 
 # (file name, title, metric keys that may appear, phases to draw)
+# The held-out evaluations have their own figure (`plot_eval_curve`: eval.png).
 PANELS: list[tuple[str, str, tuple[str, ...]]] = [
     ("reward.png", "reward (train batches)", ("reward_mean",)),
-    ("eval.png", "held-out accuracy / reward", ("eval_accuracy", "eval_reward")),
     ("loss.png", "loss", ("loss",)),
-    ("kl.png", "KL to the rollout policy", ("approx_kl", "kl")),
+    ("kl.png", "KL: approx_kl to the rollout policy, kl to the reference", ("approx_kl", "kl")),
     ("clip.png", "clip fraction", ("clip_frac",)),
+    ("ratio.png", "importance ratio (min / mean / max per step)", ("ratio_min", "ratio_mean", "ratio_max")),
 ]
+SMOOTH_FROM = 10
+"""A series of at least this many points is drawn faintly with its running mean over it."""
+
+
+def running_mean(ys: Sequence[float], window: int) -> list[float]:
+    """Mean of the last ``window`` values at each point (fewer at the start)."""
+    c = np.cumsum(np.asarray(ys, dtype=float))
+    out = []
+    for i in range(len(ys)):
+        lo = i - window
+        out.append((c[i] - (c[lo] if lo >= 0 else 0.0)) / (i - max(lo, -1)))
+    return out
 
 
 def plot_metrics(rows: Sequence[dict[str, Any]], out_dir: str | Path) -> list[Path]:
@@ -40,7 +53,14 @@ def plot_metrics(rows: Sequence[dict[str, Any]], out_dir: str | Path) -> list[Pa
             continue
         fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
         for label, (xs, ys) in series.items():
-            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3, label=label)
+            if len(xs) >= SMOOTH_FROM:
+                (raw,) = ax.plot(xs, ys, alpha=0.3, lw=1)
+                window = max(3, len(xs) // 10)
+                ax.plot(
+                    xs, running_mean(ys, window), color=raw.get_color(), label=f"{label} (mean of {window})"
+                )
+            else:
+                ax.plot(xs, ys, marker="o", ms=3, label=label)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -51,6 +71,61 @@ def plot_metrics(rows: Sequence[dict[str, Any]], out_dir: str | Path) -> list[Pa
         plt.close(fig)
         written.append(path)
     return written
+
+
+def plot_eval_curve(
+    evals: dict[str, dict[str, float]],
+    steps: dict[str, int],
+    outcomes: dict[str, dict[str, list[float]]],
+    out_dir: str | Path,
+) -> Path | None:
+    """eval.png: held-out accuracy (95% Wilson interval over the samples) and pass@k at each
+    evaluation during RL, against the RL step, with the untrained and SFT levels as lines; beside
+    it the checker reward, each check's rate and the sample diversity over the same steps."""
+    if not evals:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from unirl.apps.evalstats import wilson_interval
+
+    levels = {k: v for k, v in evals.items() if k in ("init", "sft")}
+    # the curve starts at the SFT result (RL step 0), then every evaluation RL made
+    curve = (["sft"] if "sft" in evals else []) + [k for k in evals if k not in levels]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.8), dpi=100)
+    for name, style in (("init", ":"), ("sft", "--")):
+        if name in levels:
+            ax.axhline(levels[name]["accuracy"], ls=style, color="grey", label=f"{name} accuracy")
+            bx.axhline(levels[name]["reward"], ls=style, color="grey", label=f"{name} reward")
+    if curve:
+        xs = [steps.get(k, 0) for k in curve]
+        acc = [evals[k]["accuracy"] for k in curve]
+        lo, hi = [], []
+        for k, a in zip(curve, acc):
+            n = sum(len(v) for v in outcomes.get(k, {}).values())
+            w = wilson_interval(a * n, n)
+            lo.append(a - w[0])
+            hi.append(w[1] - a)
+        ax.errorbar(xs, acc, yerr=[lo, hi], marker="o", ms=4, capsize=3, label="accuracy (95% interval)")
+        ax.plot(xs, [evals[k]["pass_at_k"] for k in curve], marker="s", ms=3, label="pass@k")
+        keys = ["reward", "diversity", *sorted({m for k in curve for m in evals[k] if "/" in m})]
+        for m in keys:
+            if all(m in evals[k] for k in curve):
+                bx.plot(xs, [evals[k][m] for k in curve], marker="o", ms=3, label=m)
+    ax.set_title("held-out accuracy during RL")
+    bx.set_title("held-out reward, per-check rates, diversity")
+    for a in (ax, bx):
+        a.set_xlabel("RL step")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(out_dir) / "eval.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def sample_grid(

@@ -5,9 +5,59 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from unirl.apps.evalstats import paired_bootstrap
+
 
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
+
+
+PASS_AT_K_DROP = 0.05
+"""A fall of pass@k larger than this between the last two stages is called out in the report."""
+
+
+def gain_lines(
+    evals: dict[str, dict[str, float]], outcomes: dict[str, dict[str, list[float]]] | None
+) -> list[str]:
+    """The headline of a run: the last stage's per-sample accuracy against the SFT result (the stage
+    before it when there is no SFT), with a paired bootstrap interval over the shared prompts, a
+    warning when that interval holds 0, and what happened to pass@k and diversity."""
+    stages = [k for k in evals if "accuracy" in evals[k]]
+    if len(stages) < 2:
+        return []
+    first, last = stages[-2], stages[-1]
+    if "sft" in stages and last != "sft":
+        first = "sft"  # RL is judged against the policy it started from, not an intermediate eval
+    a, b = evals[first]["accuracy"], evals[last]["accuracy"]
+    head = f"**{last} vs {first}: accuracy {a:.1%} -> {b:.1%} ({(b - a) * 100:+.1f} points)"
+    out = []
+    if outcomes and first in outcomes and last in outcomes:
+        _, lo, hi = paired_bootstrap(outcomes[first], outcomes[last])
+        prompts = len(set(outcomes[first]) & set(outcomes[last]))
+        samples = sum(len(v) for v in outcomes[last].values())
+        head += f"; 95% interval {lo * 100:+.1f} to {hi * 100:+.1f} points ({prompts} prompts, {samples} samples, paired bootstrap over prompts)"
+        out.append(head + ".**")
+        if lo <= 0.0 <= hi:
+            out.append("")
+            out.append(
+                "> Warning: the gain is within the evaluation's noise (its interval includes 0): "
+                "evaluate more prompts or samples (`eval.num_prompts`, `eval.samples_per_prompt`) before reading it."
+            )
+    else:
+        out.append(head + ".**")
+    pa, pb = evals[first].get("pass_at_k"), evals[last].get("pass_at_k")
+    if pa is not None and pb is not None:
+        line = f"pass@k {pa:.1%} -> {pb:.1%} ({(pb - pa) * 100:+.1f} points)"
+        da, db = evals[first].get("diversity"), evals[last].get("diversity")
+        if da is not None and db is not None:
+            line += f"; sample diversity {da:.3f} -> {db:.3f}"
+        if pa - pb > PASS_AT_K_DROP:
+            line += (
+                f". **pass@k fell by more than {PASS_AT_K_DROP * 100:.0f} points: {last} traded diversity for "
+                "per-sample accuracy (the policy narrowed).**"
+            )
+        out += ["", line + ("" if line.endswith("**") else ".")]
+    return out
 
 
 def write_report(
@@ -19,8 +69,11 @@ def write_report(
     timings: dict[str, float],
     notes: list[str] | None = None,
     images: list[str] | None = None,
+    outcomes: dict[str, dict[str, list[float]]] | None = None,
 ) -> Path:
-    """``evals`` maps a stage name ("base", "sft", "rl") to its held-out metrics, in run order."""
+    """``evals`` maps a stage name ("init", "sft", "rl@N", "rl") to its held-out metrics, in run
+    order; ``outcomes`` (same names) holds each evaluation's per-prompt, per-sample successes for
+    the gain's interval."""
     root = Path(run_dir)
     lines = [f"# {title}", "", f"Recipe: `{recipe}`", ""]
     if evals:
@@ -33,16 +86,12 @@ def write_report(
         ]
         for stage, m in evals.items():
             lines.append(f"| {stage} | " + " | ".join(_fmt(m.get(k)) for k in keys) + " |")
-        stages = list(evals)
-        if len(stages) >= 2 and "accuracy" in evals[stages[-1]] and "accuracy" in evals[stages[-2]]:
-            a, b = evals[stages[-2]]["accuracy"], evals[stages[-1]]["accuracy"]
-            lines += [
-                "",
-                f"**{stages[-1]} vs {stages[-2]}: accuracy {a:.1%} -> {b:.1%} ({(b - a) * 100:+.1f} points).**",
-            ]
-        lines.append("")
+        gain = gain_lines(evals, outcomes)
+        lines += [*([""] if gain else []), *gain, ""]
     if timings:
-        lines += ["## Time", ""] + [f"- {k}: {v:.1f} s" for k, v in timings.items()] + [""]
+        total = sum(timings.values())
+        lines += ["## Time", ""] + [f"- {k}: {v:.1f} s" for k, v in timings.items()]
+        lines += [f"- total of the phases: {total:.1f} s ({total / 60:.1f} min)", ""]
     plots = sorted((root / "plots").glob("*.png"))
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots] + [""]

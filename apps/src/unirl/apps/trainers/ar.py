@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from unirl.apps.evalstats import distinct_fraction
 from unirl.apps.loop import StopFlag
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.ar_config import Recipe
@@ -142,6 +143,12 @@ class ARTrainer(Trainer):
 
     def eval_params(self) -> Any:
         return self.cfg.eval_sampling or self.cfg.sampling.model_copy(update={"top_k": 1})
+
+    def sample_diversity(self, samples: list[Sample]) -> float | None:
+        """Distinct completions of one prompt / its samples (None for one sample a prompt)."""
+        if len(samples) < 2:
+            return None
+        return distinct_fraction([s.part(self.stage).text or "" for s in samples])
 
     def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path:
         lines = [

@@ -19,7 +19,7 @@ import torch
 
 from unirl.apps.data import draw
 from unirl.apps.loop import StopFlag, latest_checkpoint, make_samples
-from unirl.apps.plots import plot_metrics
+from unirl.apps.plots import plot_eval_curve, plot_metrics
 from unirl.apps.progress import PhaseProgress
 from unirl.apps.report import write_report
 from unirl.apps.run_dir import RunDir, read_metrics
@@ -65,6 +65,8 @@ class Trainer:
         self.rl_step = 0
         self.sft_step = 0  # the data cursor: SFT and RL batches are pure functions of (seed, step)
         self.evals: dict[str, dict[str, float]] = {}
+        self.eval_steps: dict[str, int] = {}  # evaluation name -> the RL step it ran at
+        self.eval_outcomes: dict[str, dict[str, list[float]]] = {}  # name -> prompt -> solved per sample
         self.timings: dict[str, float] = {}
         self.grids: list[str] = []
 
@@ -77,6 +79,11 @@ class Trainer:
         raise NotImplementedError
 
     def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path | None:
+        return None
+
+    def sample_diversity(self, samples: list[Sample]) -> float | None:
+        """How different one prompt's samples are (the mean over prompts is the evaluation's
+        ``diversity``: a policy that narrows shows it falling); None where the domain has none."""
         return None
 
     def shape_rewards(self, parts: list[Part]) -> None:
@@ -244,16 +251,23 @@ class Trainer:
         samples = self.sample_prompts(records, ev.samples_per_prompt, self.eval_params())
         scored = self.reward.score_samples(samples, self.stage)
         rewards = [r.total for r in scored]
-        solved: dict[str, bool] = {}
+        outcomes: dict[str, list[float]] = {}
+        groups: dict[str, list[Sample]] = {}
         for s, r in zip(samples, rewards):
-            solved[s.group_id] = solved.get(s.group_id, False) or r >= ev.success_threshold
+            outcomes.setdefault(s.group_id, []).append(float(r >= ev.success_threshold))
+            groups.setdefault(s.group_id, []).append(s)
         m = {
             "reward": float(np.mean(rewards)),
             "accuracy": float(np.mean([r >= ev.success_threshold for r in rewards])),
-            "pass_at_k": float(np.mean(list(solved.values()))),
+            "pass_at_k": float(np.mean([max(o) for o in outcomes.values()])),
         }
+        per_prompt = [self.sample_diversity(g) for g in groups.values()]
+        if per_prompt and all(d is not None for d in per_prompt):
+            m["diversity"] = float(np.nanmean([float(d) for d in per_prompt if d is not None]))
         m |= check_rates(scored)
         self.evals[name] = m
+        self.eval_steps[name] = step
+        self.eval_outcomes[name] = outcomes
         self.run.log(step, {f"eval_{k}": v for k, v in m.items()}, phase="eval")
         log.info(
             "eval %-8s reward=%.3f accuracy=%.1f%% pass@%d=%.1f%% (%d prompts)",
@@ -262,7 +276,7 @@ class Trainer:
             100 * m["accuracy"],
             ev.samples_per_prompt,
             100 * m["pass_at_k"],
-            len(solved),
+            len(outcomes),
         )
         if grid and ev.grid_size:
             path = self.save_grid(
@@ -356,11 +370,13 @@ def run_trainer(
         with stop.installed():
             trainer.run_all(mode, stop)
         plot_metrics(read_metrics(rd.root / "metrics.jsonl"), rd.plots)
+        plot_eval_curve(trainer.evals, trainer.eval_steps, trainer.eval_outcomes, rd.plots)
         report = write_report(
             rd.root,
             title=title,
             recipe=recipe_name,
             evals=trainer.evals,
+            outcomes=trainer.eval_outcomes,
             timings=trainer.timings,
             images=trainer.grids,
             notes=["stopped early by the user (checkpoint saved)"] if stop.stop else None,

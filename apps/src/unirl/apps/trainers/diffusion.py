@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from unirl.apps.evalstats import pairwise_diversity
 from unirl.apps.plots import sample_grid
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.base import Trainer, run_trainer
@@ -88,6 +89,14 @@ class DiffusionTrainer(Trainer):
         params = self._rollout_params()
         noise = params.noise.model_copy(update={"scope": "sample"})
         return params.model_copy(update={"eta": 0.0, "sde_strategy": "ode", "noise": noise})
+
+    def sample_diversity(self, samples: list[Sample]) -> float | None:
+        """Mean pixel difference of one prompt's images, pair by pair (None for one sample a prompt)."""
+        if len(samples) < 2:
+            return None
+        return pairwise_diversity(
+            [np.asarray(to_numpy(s.part(self.stage).outputs[0].pixels)) for s in samples]
+        )
 
     def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path:
         imgs = [np.asarray(to_numpy(s.part(self.stage).outputs[0].pixels)) for s in samples]

@@ -1,0 +1,62 @@
+"""Uncertainty of held-out evaluations (worked numbers) and the report's headline built on it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from unirl.apps.evalstats import distinct_fraction, paired_bootstrap, pairwise_diversity, wilson_interval
+from unirl.apps.report import gain_lines
+
+
+def test_wilson_interval_worked_numbers() -> None:
+    # 6 of 8: p = 0.75, z^2 = 3.8416, denom = 1 + z^2/8 = 1.4802, centre = (0.75 + z^2/16) / denom
+    # = 0.6689, half = z sqrt(p(1-p)/8 + z^2/256) / denom = 0.2596
+    assert wilson_interval(6, 8) == pytest.approx((0.4093, 0.9285), abs=1e-4)
+    # 0 of 10: centre = half = (z^2/20) / (1 + z^2/10) = 0.1388, so (0, 0.2775)
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_paired_bootstrap_resamples_whole_prompts() -> None:
+    # prompt a goes 0/2 -> 2/2, b stays 2/2: the point gain is 1.0 - 0.5 = 0.5. A resample holds
+    # a twice (gain 1, p = 1/4), b twice (gain 0, p = 1/4) or one of each (0.5): the 95% interval
+    # is [0, 1], however many samples each prompt has.
+    before, after = {"a": [0.0, 0.0], "b": [1.0, 1.0]}, {"a": [1.0, 1.0], "b": [1.0, 1.0]}
+    assert paired_bootstrap(before, after) == (0.5, 0.0, 1.0)
+    # every prompt gains the same: no spread, the interval is the point
+    same = paired_bootstrap({str(i): [0.0, 1.0] for i in range(10)}, {str(i): [1.0, 1.0] for i in range(10)})
+    assert same == pytest.approx((0.5, 0.5, 0.5))
+    # only shared prompts count
+    assert paired_bootstrap({"a": [0.0], "x": [1.0]}, {"a": [1.0]})[0] == 1.0
+    with pytest.raises(ValueError, match="share no prompt"):
+        paired_bootstrap({"a": [0.0]}, {"b": [1.0]})
+
+
+def test_diversity_measures() -> None:
+    black, white = np.zeros((2, 2, 3), np.uint8), np.full((2, 2, 3), 255, np.uint8)
+    assert pairwise_diversity([black, black]) == 0.0  # a collapsed policy
+    assert pairwise_diversity([black, black, white]) == pytest.approx(2 / 3)  # pairs: 0, 1, 1
+    assert np.isnan(pairwise_diversity([black]))
+    assert distinct_fraction(["12", "12", "3", "4"]) == 0.75
+
+
+def test_report_headline_states_the_interval_and_warns_within_noise() -> None:
+    evals = {
+        "init": {"accuracy": 0.0, "pass_at_k": 0.0},
+        "sft": {"accuracy": 0.5, "pass_at_k": 1.0, "diversity": 0.3},
+        "rl@2": {"accuracy": 0.9, "pass_at_k": 0.5},
+        "rl": {"accuracy": 0.5, "pass_at_k": 0.5, "diversity": 0.1},
+    }
+    noisy = {"sft": {"a": [0.0, 0.0], "b": [1.0, 1.0]}, "rl": {"a": [1.0, 1.0], "b": [0.0, 0.0]}}
+    text = "\n".join(gain_lines(evals, noisy))
+    # judged against SFT (not the intermediate rl@2), with the paired interval and the warning
+    assert "rl vs sft: accuracy 50.0% -> 50.0% (+0.0 points); 95% interval -100.0 to +100.0 points" in text
+    assert "(2 prompts, 4 samples" in text and "Warning: the gain is within the evaluation's noise" in text
+    assert "pass@k 100.0% -> 50.0% (-50.0 points); sample diversity 0.300 -> 0.100" in text
+    assert "traded diversity for per-sample accuracy" in text
+    clear = {"sft": {str(i): [0.0, 1.0] for i in range(8)}, "rl": {str(i): [1.0, 1.0] for i in range(8)}}
+    evals["rl"] = {"accuracy": 1.0, "pass_at_k": 1.0}
+    text = "\n".join(gain_lines(evals, clear))
+    assert "+50.0 points); 95% interval +50.0 to +50.0" in text
+    assert "Warning" not in text and "traded" not in text
