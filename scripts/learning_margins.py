@@ -98,7 +98,7 @@ def thresholds_train_ar() -> dict[str, float]:
     mod = _module(AR)
     t: dict[str, float] = {}
     for name, (_, _, margin) in mod.CASES.items():
-        t[f"{name}/gain"], t[f"{name}/train_gain"] = margin, margin
+        t[f"{name}/gain"], t[f"{name}/train_gain"] = margin, margin / 2
     return t
 
 

@@ -43,8 +43,14 @@ def _evals(run: Path) -> list[dict]:
     return [r for r in read_metrics(run / "metrics.jsonl") if r["phase"] == "eval"]
 
 
+def _stages(run: Path) -> tuple[float, float, float]:
+    """Held-out reward untrained, after SFT, and at the end (evaluations during RL in between)."""
+    ev = _evals(run)
+    return ev[0]["eval_reward"], ev[1]["eval_reward"], ev[-1]["eval_reward"]
+
+
 def arith_metrics(run: Path) -> dict[str, float]:
-    init, sft, final = (e["eval_reward"] for e in _evals(run))
+    init, sft, final = _stages(run)
     return {"gain": final - init, "rl_delta": final - sft, "sft_gain": sft - init}
 
 
@@ -54,12 +60,12 @@ def sft_metrics(run: Path) -> dict[str, float]:
 
 
 def nft_metrics(run: Path) -> dict[str, float]:
-    init, sft, final = (e["eval_reward"] for e in _evals(run))
+    init, sft, final = _stages(run)
     return {"gain": final - init, "rl_delta": final - sft}
 
 
 def flowgrpo_metrics(run: Path) -> dict[str, float]:
-    init, sft, final = (e["eval_reward"] for e in _evals(run))
+    init, sft, final = _stages(run)
     return {"gain": final - init, "rl_delta": final - sft}
 
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unirl.apps.evalstats import distinct_fraction, paired_bootstrap, pairwise_diversity, wilson_interval
+from unirl.apps.evalstats import bootstrap_interval, distinct_fraction, paired_bootstrap, pairwise_diversity
 from unirl.apps.report import gain_lines
 
 
-def test_wilson_interval_worked_numbers() -> None:
-    # 6 of 8: p = 0.75, z^2 = 3.8416, denom = 1 + z^2/8 = 1.4802, centre = (0.75 + z^2/16) / denom
-    # = 0.6689, half = z sqrt(p(1-p)/8 + z^2/256) / denom = 0.2596
-    assert wilson_interval(6, 8) == pytest.approx((0.4093, 0.9285), abs=1e-4)
-    # 0 of 10: centre = half = (z^2/20) / (1 + z^2/10) = 0.1388, so (0, 0.2775)
-    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
-    assert wilson_interval(0, 0) == (0.0, 1.0)
+def test_bootstrap_interval_resamples_whole_prompts() -> None:
+    # a resample of {a: [1, 1], b: [0, 0]} is aa (1.0), bb (0.0) or ab (0.5): the interval is [0, 1]
+    assert bootstrap_interval({"a": [1.0, 1.0], "b": [0.0, 0.0]}) == (0.0, 1.0)
+    # every prompt half solved: no spread between prompts, the interval is the point
+    assert bootstrap_interval({str(i): [0.0, 1.0] for i in range(6)}) == (0.5, 0.5)
+    assert bootstrap_interval({}) == (0.0, 1.0)
 
 
 def test_paired_bootstrap_resamples_whole_prompts() -> None:

@@ -24,7 +24,9 @@ def test_run_dir_logs_jsonl_and_tensorboard(tmp_path):
 
 def test_plots_and_report(tmp_path):
     rows = [{"phase": "rl", "step": i, "reward_mean": 0.1 * i, "clip_frac": 0.01} for i in range(12)]
-    rows += [{"phase": "rl", "step": i, "ratio_mean": 1.0, "ratio_min": 0.9, "ratio_max": 1.1} for i in range(3)]
+    rows += [
+        {"phase": "rl", "step": i, "ratio_mean": 1.0, "ratio_min": 0.9, "ratio_max": 1.1} for i in range(3)
+    ]
     rows += [{"phase": "eval", "step": 4, "eval_accuracy": 0.6}]
     paths = plot_metrics(rows, tmp_path / "plots")
     assert {p.name for p in paths} == {"reward.png", "clip.png", "ratio.png"}

@@ -61,7 +61,8 @@ def digit_fraction(part: Part) -> float:
 
 # name -> (config, steps, asserted minimum gain of the eval reward). Measured eval gains (seeds
 # 0 / 1 / 2, from ~0.1): grpo +0.735/+0.799/+0.861, gspo +0.511/+0.666/+0.751, drpo
-# +0.831/+0.838/+0.889. Margins are half the smallest gain. Runs are deterministic on CPU.
+# +0.831/+0.838/+0.889. Margins are half the smallest gain. Runs give the same bits at threads
+# 1 and 2 and on two machines; seeds 0-4: docs/benchmarks.md "Learning-test margins".
 CASES: dict[str, tuple[Any, int, float]] = {
     "grpo": (GRPOConfig(), 12, 0.25),
     "gspo": (GSPOConfig(), 12, 0.25),
@@ -106,5 +107,6 @@ def test_ar_algorithm_raises_digit_fraction(name: str) -> None:
     assert run.gain > margin, (
         f"{name}: eval digit fraction {run.before:.4f} -> {run.after:.4f}, expected > +{margin}"
     )
+    # half the margin: over seeds 0-4 gspo's train gain is +0.47 +- 0.11 (min +0.33)
     first, last = sum(run.train_rewards[:3]) / 3, sum(run.train_rewards[-3:]) / 3
-    assert last - first > margin, f"{name}: train reward first-3 {first:.4f} -> last-3 {last:.4f}"
+    assert last - first > margin / 2, f"{name}: train reward first-3 {first:.4f} -> last-3 {last:.4f}"

@@ -9,7 +9,6 @@ prompts, with replacement, and recomputes both stages' means on each resample.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -18,17 +17,22 @@ Outcomes = Mapping[str, Sequence[float]]
 """prompt (group) id -> that prompt's per-sample outcomes (1.0 solved, 0.0 not; or a score)."""
 
 
-def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (95% for z = 1.96); (0, 1) when n = 0.
+def bootstrap_interval(
+    outcomes: Outcomes, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
+    """Interval of one evaluation's sample mean, resampling whole prompts (each brings all its
+    samples): wider than a binomial interval over the samples when a prompt's samples agree.
 
-    Worked example: 6 of 8 -> (0.409, 0.929); 0 of 10 -> (0.0, 0.278)."""
-    if n <= 0:
+    Worked example: prompts {a: [1, 1], b: [0, 0]} -> a resample is aa (1.0), bb (0.0) or ab
+    (0.5), so the 95% interval is (0.0, 1.0); a binomial one over the 4 samples would be ~(0.15, 0.85)."""
+    if not outcomes:
         return 0.0, 1.0
-    p = successes / n
-    denom = 1.0 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    sums = np.array([float(np.sum(v)) for v in outcomes.values()])
+    ns = np.array([len(v) for v in outcomes.values()], dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(sums), size=(n_boot, len(sums)))
+    means = sums[idx].sum(1) / ns[idx].sum(1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
 
 
 def mean_of(outcomes: Outcomes) -> float:

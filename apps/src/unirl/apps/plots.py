@@ -79,7 +79,7 @@ def plot_eval_curve(
     outcomes: dict[str, dict[str, list[float]]],
     out_dir: str | Path,
 ) -> Path | None:
-    """eval.png: held-out accuracy (95% Wilson interval over the samples) and pass@k at each
+    """eval.png: held-out accuracy (95% bootstrap interval over the prompts) and pass@k at each
     evaluation during RL, against the RL step, with the untrained and SFT levels as lines; beside
     it the checker reward, each check's rate and the sample diversity over the same steps."""
     if not evals:
@@ -89,7 +89,7 @@ def plot_eval_curve(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from unirl.apps.evalstats import wilson_interval
+    from unirl.apps.evalstats import bootstrap_interval
 
     levels = {k: v for k, v in evals.items() if k in ("init", "sft")}
     # the curve starts at the SFT result (RL step 0), then every evaluation RL made
@@ -104,10 +104,9 @@ def plot_eval_curve(
         acc = [evals[k]["accuracy"] for k in curve]
         lo, hi = [], []
         for k, a in zip(curve, acc):
-            n = sum(len(v) for v in outcomes.get(k, {}).values())
-            w = wilson_interval(a * n, n)
-            lo.append(a - w[0])
-            hi.append(w[1] - a)
+            w = bootstrap_interval(outcomes.get(k, {}))
+            lo.append(max(0.0, a - w[0]))
+            hi.append(max(0.0, w[1] - a))
         ax.errorbar(xs, acc, yerr=[lo, hi], marker="o", ms=4, capsize=3, label="accuracy (95% interval)")
         ax.plot(xs, [evals[k]["pass_at_k"] for k in curve], marker="s", ms=3, label="pass@k")
         keys = ["reward", "diversity", *sorted({m for k in curve for m in evals[k] if "/" in m})]
