@@ -114,12 +114,6 @@ def _cli(*argv: str) -> None:
         raise RuntimeError(f"unirl {' '.join(args)} exited {rc}")
 
 
-def _evals(run: Path) -> list[dict[str, Any]]:
-    from unirl.apps.run_dir import read_metrics
-
-    return [r for r in read_metrics(run / "metrics.jsonl") if r["phase"] == "eval"]
-
-
 def probe_e2e_arith(seed: int, threads: int, work: Path) -> dict[str, float]:
     mod = _module(E2E)
     run = work / "arith"
@@ -141,14 +135,11 @@ def probe_e2e_shapes(seed: int, threads: int, work: Path) -> dict[str, float]:
     over = (f"seed={seed}", f"threads={threads}")
     _cli("sft", "shapes_nft", *mod.SHAPES_SHORT, *over, "--run-dir", str(sft))
     out = {f"sft/{k}": v for k, v in mod.sft_metrics(sft).items()}
-    for recipe, args, metrics in (
-        ("shapes_nft", mod.NFT_SHORT, mod.nft_metrics),
-        ("shapes_flowgrpo", mod.FLOWGRPO_SHORT, mod.flowgrpo_metrics),
-    ):
+    for recipe, args in (("shapes_nft", mod.NFT_SHORT), ("shapes_flowgrpo", mod.FLOWGRPO_SHORT)):
         run = work / recipe
         shutil.copytree(sft, run)
         _cli("train", recipe, *mod.SHAPES_SHORT, *args, *over, "--run-dir", str(run))
-        out |= {f"{recipe}/{k}": v for k, v in metrics(run).items()}
+        out |= {f"{recipe}/{k}": v for k, v in mod.rl_metrics(run).items()}
     return out
 
 

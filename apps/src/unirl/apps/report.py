@@ -96,7 +96,13 @@ def write_report(
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots] + [""]
     if images:
-        lines += ["## Samples", ""] + [f"![{Path(i).stem}]({i})" for i in images] + [""]
+        lines += [
+            "## Samples",
+            "",
+            "Each grid: the same held-out prompts from the same initial noise, so they compare stage by stage.",
+            "",
+        ]
+        lines += [f"![{Path(i).stem}]({i})" for i in images] + [""]
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     lines += [

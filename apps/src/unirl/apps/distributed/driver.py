@@ -210,6 +210,9 @@ class DistributedRL(Trainer):
     def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path | None:
         return self.domain.save_grid(self, samples, rewards, path)  # type: ignore[arg-type]  # uses self.stage
 
+    def sample_diversity(self, samples: list[Sample]) -> float | None:
+        return self.domain.sample_diversity(self, samples)  # type: ignore[arg-type]  # uses self.stage
+
     def rollout(self, samples: list[Sample], step: int) -> list[Sample]:
         return self.engine.generate(samples, rollout_step=step)
 

@@ -29,6 +29,8 @@ from unirl.train.stack import TrainStack
 from unirl.types import Part, Reward, Sample, compute_sample_advantages
 
 log = logging.getLogger("unirl")
+SFT_PROBE_SEED = 104_729
+"""Seed of the fixed training-prompt subset `sft.stop` probes (independent of the run's seed)."""
 
 
 def pick_device(name: str) -> torch.device:
@@ -64,6 +66,7 @@ class Trainer:
         self.device = pick_device(recipe.device)
         self.rl_step = 0
         self.sft_step = 0  # the data cursor: SFT and RL batches are pure functions of (seed, step)
+        self.sft_done = False  # SFT ended (its steps, or `sft.stop` reached): a resumed run goes on to RL
         self.evals: dict[str, dict[str, float]] = {}
         self.eval_steps: dict[str, int] = {}  # evaluation name -> the RL step it ran at
         self.eval_outcomes: dict[str, dict[str, list[float]]] = {}  # name -> prompt -> solved per sample
@@ -150,8 +153,30 @@ class Trainer:
                 self.run.log(step, m, phase="sft")
                 bar.advance(loss=m.get("loss", float("nan")))
                 self.sft_step += 1
+                if phase.stop is not None and self._sft_level_reached(phase.stop):
+                    break
+        self.sft_done = self.sft_done or self.sft_step >= phase.steps
         self._timed("sft", t0)
         self.after_phase("sft")
+
+    def _sft_level_reached(self, stop: Any) -> bool:
+        """`sft.stop`: probe the training prompts every `stop.every` steps; True (and SFT is done)
+        once the metric reaches `stop.at_least`."""
+        if self.sft_step < stop.min_steps or self.sft_step % stop.every:
+            return False
+        # one fixed subset of the training prompts for every run and seed: the level means the same
+        records = draw(self.data.train_records(), stop.num_prompts, seed=SFT_PROBE_SEED, step=0)
+        samples = self.sample_prompts(records, stop.samples_per_prompt, self.eval_params())
+        m = summarize_scores(self.reward.score_samples(samples, self.stage), samples, self.cfg.eval)
+        if stop.metric not in m:
+            raise ValueError(f"sft.stop.metric={stop.metric!r} is not measured; measured: {sorted(m)}")
+        self.run.log(self.sft_step, {f"probe_{k}": v for k, v in m.items()}, phase="sft_probe")
+        if m[stop.metric] < stop.at_least:
+            return False
+        log.info("sft: %s=%.3f >= %.3f on training prompts at step %d: SFT done", stop.metric,
+                 m[stop.metric], stop.at_least, self.sft_step)  # fmt: skip
+        self.sft_done = True
+        return True
 
     def rollout(self, samples: list[Sample], step: int) -> list[Sample]:
         with self.backend.ema_weights() if self.ema_rollout else nullcontext():
@@ -251,20 +276,14 @@ class Trainer:
         samples = self.sample_prompts(records, ev.samples_per_prompt, self.eval_params())
         scored = self.reward.score_samples(samples, self.stage)
         rewards = [r.total for r in scored]
-        outcomes: dict[str, list[float]] = {}
+        m = summarize_scores(scored, samples, ev)
+        outcomes = solved_by_prompt(rewards, samples, ev.success_threshold)
         groups: dict[str, list[Sample]] = {}
-        for s, r in zip(samples, rewards):
-            outcomes.setdefault(s.group_id, []).append(float(r >= ev.success_threshold))
+        for s in samples:
             groups.setdefault(s.group_id, []).append(s)
-        m = {
-            "reward": float(np.mean(rewards)),
-            "accuracy": float(np.mean([r >= ev.success_threshold for r in rewards])),
-            "pass_at_k": float(np.mean([max(o) for o in outcomes.values()])),
-        }
         per_prompt = [self.sample_diversity(g) for g in groups.values()]
         if per_prompt and all(d is not None for d in per_prompt):
             m["diversity"] = float(np.nanmean([float(d) for d in per_prompt if d is not None]))
-        m |= check_rates(scored)
         self.evals[name] = m
         self.eval_steps[name] = step
         self.eval_outcomes[name] = outcomes
@@ -290,10 +309,11 @@ class Trainer:
     # ---- checkpoints --------------------------------------------------------------------------
     def cursor(self) -> dict[str, int]:
         """Where the run is: saved with every checkpoint, restored on resume."""
-        return {"sft_step": self.sft_step, "rl_step": self.rl_step}
+        return {"sft_step": self.sft_step, "rl_step": self.rl_step, "sft_done": int(self.sft_done)}
 
     def restore_cursor(self, extra: dict[str, Any]) -> None:
         self.sft_step, self.rl_step = int(extra.get("sft_step", 0)), int(extra.get("rl_step", 0))
+        self.sft_done = bool(extra.get("sft_done", False))
         log.info("resumed at rl step %d (sft step %d)", self.rl_step, self.sft_step)
 
     def save(self) -> None:
@@ -319,7 +339,7 @@ class Trainer:
             self.evaluate("eval", step=self.rl_step, grid=True)
             return
         sft_steps = self.cfg.sft.steps if self.cfg.sft is not None else 0
-        if self.sft_step < sft_steps:  # a fresh run, or one stopped during SFT
+        if self.sft_step < sft_steps and not self.sft_done:  # a fresh run, or one stopped during SFT
             if self.sft_step == 0:
                 self.evaluate("init", step=0)
             self.sft(stop)
@@ -334,6 +354,30 @@ class Trainer:
             if self.cfg.rl is not None and self.cfg.rl.steps:
                 self.evaluate("rl", step=self.rl_step, grid=True)
         self.save()
+
+
+def solved_by_prompt(
+    rewards: Sequence[float], samples: Sequence[Sample], threshold: float
+) -> dict[str, list[float]]:
+    """prompt (group) id -> 1.0 / 0.0 per sample: reward >= ``threshold``."""
+    out: dict[str, list[float]] = {}
+    for s, r in zip(samples, rewards):
+        out.setdefault(s.group_id, []).append(float(r >= threshold))
+    return out
+
+
+def summarize_scores(scored: Sequence[Reward], samples: Sequence[Sample], ev: Any) -> dict[str, float]:
+    """An evaluation's metrics from its scored samples: ``reward`` (mean), ``accuracy`` (the
+    fraction reaching ``ev.success_threshold``), ``pass_at_k`` (prompts with one such sample) and
+    each check's rate."""
+    rewards = [r.total for r in scored]
+    solved = solved_by_prompt(rewards, samples, ev.success_threshold)
+    m = {
+        "reward": float(np.mean(rewards)),
+        "accuracy": float(np.mean([v for vs in solved.values() for v in vs])),
+        "pass_at_k": float(np.mean([max(o) for o in solved.values()])),
+    }
+    return m | check_rates(scored)
 
 
 def check_rates(rewards: Sequence[Reward]) -> dict[str, float]:

@@ -14,11 +14,33 @@ from unirl.types import AdvantageConfig
 STRICT = ConfigDict(extra="forbid", frozen=True)
 
 
+class SFTStopConfig(BaseModel):
+    """End SFT when the policy reaches a level on TRAINING prompts, not at a step count: a phase
+    transition (e.g. the shapes world's relation jump) comes at a step that differs by seed and by
+    CPU, so a step count leaves SFT in a different state on each machine; a level does not.
+
+    Every ``every`` steps from ``min_steps`` on, ``num_prompts`` training prompts (a fixed subset)
+    x ``samples_per_prompt`` are sampled with the evaluation's sampler and scored; SFT stops once
+    ``metric`` >= ``at_least`` (else at ``sft.steps``). Each probe is logged as phase ``sft_probe``."""
+
+    model_config = STRICT
+    metric: str = Field(
+        default="accuracy",
+        description="accuracy | reward | pass_at_k | a check's rate such as geneval/relation",
+    )
+    at_least: float = Field(description="stop when the probe's metric reaches this")
+    every: int = Field(default=50, ge=1, description="SFT steps between probes")
+    min_steps: int = Field(default=0, ge=0, description="no probe before this step")
+    num_prompts: int = Field(default=32, ge=1)
+    samples_per_prompt: int = Field(default=2, ge=1)
+
+
 class SFTPhaseBase(BaseModel):
     """Supervised warm-start on the data source's (prompt, target) pairs."""
 
     model_config = STRICT
-    steps: int = Field(ge=0, description="optimizer steps; 0 skips the phase")
+    steps: int = Field(ge=0, description="optimizer steps (the most, with `stop`); 0 skips the phase")
+    stop: SFTStopConfig | None = Field(default=None, description="end SFT at a level on training prompts")
     batch_size: int = Field(ge=1)
     lr: float | None = Field(default=None, gt=0, description="overrides backend.optimizer.lr for this phase")
     micro_batch_size: int | None = Field(default=None, ge=1, description="default: batch_size")
