@@ -53,8 +53,8 @@ def gain_lines(
             line += f"; sample diversity {da:.3f} -> {db:.3f}"
         if pa - pb > PASS_AT_K_DROP:
             line += (
-                f". **pass@k fell by more than {PASS_AT_K_DROP * 100:.0f} points: {last} traded diversity for "
-                "per-sample accuracy (the policy narrowed).**"
+                f". **pass@k fell by more than {PASS_AT_K_DROP * 100:.0f} points: {last} traded coverage for "
+                "per-sample accuracy (fewer prompts have any solved sample: the policy narrowed).**"
             )
         out += ["", line + ("" if line.endswith("**") else ".")]
     return out
