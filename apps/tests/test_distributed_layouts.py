@@ -169,7 +169,7 @@ def test_lora_separate_broadcast_with_sharded_checkpoint(ray_cluster: Any, tmp_p
     meta = json.loads((slot / "meta.json").read_text())
     assert (meta["format"], meta["world_size"], meta["global_step"]) == ("sharded", 2, 3)
     extra = json.loads((slot / "extra.json").read_text())
-    assert extra == {"sft_step": 1, "rl_step": 2, "weight_version": 3}
+    assert extra == {"sft_step": 1, "rl_step": 2, "sft_done": 0, "weight_version": 3}
     from unirl.train.sharded_checkpoint import consolidate
 
     model = [k for k in consolidate(slot) if k.startswith("model/")]

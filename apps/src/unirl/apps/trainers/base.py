@@ -66,7 +66,9 @@ class Trainer:
         self.device = pick_device(recipe.device)
         self.rl_step = 0
         self.sft_step = 0  # the data cursor: SFT and RL batches are pure functions of (seed, step)
-        self.sft_done = False  # SFT ended (its steps, or `sft.stop` reached): a resumed run goes on to RL
+        # `sft.stop` reached its level: a resumed run goes on to RL (a run that ended at `sft.steps`
+        # instead continues SFT when started again with more steps)
+        self.sft_done = False
         self.evals: dict[str, dict[str, float]] = {}
         self.eval_steps: dict[str, int] = {}  # evaluation name -> the RL step it ran at
         self.eval_outcomes: dict[str, dict[str, list[float]]] = {}  # name -> prompt -> solved per sample
@@ -155,7 +157,6 @@ class Trainer:
                 self.sft_step += 1
                 if phase.stop is not None and self._sft_level_reached(phase.stop):
                     break
-        self.sft_done = self.sft_done or self.sft_step >= phase.steps
         self._timed("sft", t0)
         self.after_phase("sft")
 
