@@ -72,11 +72,6 @@ def main() -> int:
     for i, stream in enumerate(streams):
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         env = dict(os.environ, UNIRL_RAY_TMPDIR=f"/tmp/unirl-ray{i}", PATH=path)
-        if len(streams) > 1:
-            # OpenMP threads that find no work sleep instead of spinning: two streams' torch thread
-            # pools share 2 cores, and a spinning pool burns the other stream's core (same results:
-            # only the waiting changes)
-            env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         log = (logs / f"stream{i}.log").open("w")
         cmd = [nox, "--no-color", "-s", *stream]
         if args.pytest_args:
