@@ -58,48 +58,45 @@ def _train_run(run: Any, k: int) -> dict[str, float]:
     return {"gain": run.gain, "train_gain": last - first}
 
 
-def probe_train_diffusion(seed: int, threads: int, work: Path) -> dict[str, float]:
+def _train_cases(path: str, runner: str, k: int, seed: int, threads: int) -> dict[str, float]:
+    """Every CASES entry of a train learning-test module, run by its ``runner`` function."""
     import torch
 
     torch.set_num_threads(threads)
+    mod = _module(path)
+    run = getattr(mod, runner)
+    return {f"{name}/{m}": v for name in mod.CASES for m, v in _train_run(run(name, seed=seed), k).items()}
+
+
+def _train_thresholds(path: str) -> dict[str, float]:
+    """What the module's tests assert: the eval gain > margin, the train gain > margin / 2."""
+    cases = _module(path).CASES.items()
+    return {
+        f"{name}/{m}": t
+        for name, (*_, margin) in cases
+        for m, t in (("gain", margin), ("train_gain", margin / 2))
+    }
+
+
+def probe_train_diffusion(seed: int, threads: int, work: Path) -> dict[str, float]:
+    out = _train_cases(DIFF, "run_diffusion", 5, seed, threads)
     mod = _module(DIFF)
-    out: dict[str, float] = {}
-    for name in mod.CASES:
-        for k, v in _train_run(mod.run_diffusion(name, seed=seed), 5).items():
-            out[f"{name}/{k}"] = v
-    for name in ("flow_grpo", "diffusion_nft"):
+    for name in mod.NEGATED:
         out[f"{name}_negated/gain"] = mod.run_diffusion(name, seed=seed, negate=True).gain
     return out
 
 
 def thresholds_train_diffusion() -> dict[str, float]:
     mod = _module(DIFF)
-    t: dict[str, float] = {}
-    for name, (_, _, margin) in mod.CASES.items():
-        t[f"{name}/gain"], t[f"{name}/train_gain"] = margin, margin / 2
-    for name in ("flow_grpo", "diffusion_nft"):
-        t[f"{name}_negated/gain"] = mod.CASES[name][2]
-    return t
+    return _train_thresholds(DIFF) | {f"{name}_negated/gain": mod.CASES[name][2] for name in mod.NEGATED}
 
 
 def probe_train_ar(seed: int, threads: int, work: Path) -> dict[str, float]:
-    import torch
-
-    torch.set_num_threads(threads)
-    mod = _module(AR)
-    out: dict[str, float] = {}
-    for name in mod.CASES:
-        for k, v in _train_run(mod.run_ar(name, seed=seed), 3).items():
-            out[f"{name}/{k}"] = v
-    return out
+    return _train_cases(AR, "run_ar", 3, seed, threads)
 
 
 def thresholds_train_ar() -> dict[str, float]:
-    mod = _module(AR)
-    t: dict[str, float] = {}
-    for name, (_, _, margin) in mod.CASES.items():
-        t[f"{name}/gain"], t[f"{name}/train_gain"] = margin, margin / 2
-    return t
+    return _train_thresholds(AR)
 
 
 def _cli(*argv: str) -> None:

@@ -160,8 +160,12 @@ def test_diffusion_algorithm_raises_brightness(name: str) -> None:
     assert last - first > margin / 2, f"{name}: train reward first-5 {first:.4f} -> last-5 {last:.4f}"
 
 
+NEGATED = ("flow_grpo", "diffusion_nft")
+"""The algorithms of the negated-reward control."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["flow_grpo", "diffusion_nft"])
+@pytest.mark.parametrize("name", NEGATED)
 def test_negated_reward_lowers_brightness(name: str) -> None:
     """Control: the gain comes from the reward, not from drift of training itself. Trained on
     -brightness, the same run must make images darker by the same margin."""

@@ -35,11 +35,6 @@ def bootstrap_interval(
     return float(lo), float(hi)
 
 
-def mean_of(outcomes: Outcomes) -> float:
-    values = [v for vs in outcomes.values() for v in vs]
-    return float(np.mean(values)) if values else float("nan")
-
-
 def paired_bootstrap(
     before: Outcomes, after: Outcomes, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0
 ) -> tuple[float, float, float]:

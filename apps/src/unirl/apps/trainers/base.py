@@ -168,7 +168,8 @@ class Trainer:
         # one fixed subset of the training prompts for every run and seed: the level means the same
         records = draw(self.data.train_records(), stop.num_prompts, seed=SFT_PROBE_SEED, step=0)
         samples = self.sample_prompts(records, stop.samples_per_prompt, self.eval_params())
-        m = summarize_scores(self.reward.score_samples(samples, self.stage), samples, self.cfg.eval)
+        scored = self.reward.score_samples(samples, self.stage)
+        m = summarize_scores(scored, solved_by_prompt(scored, samples, self.cfg.eval.success_threshold))
         if stop.metric not in m:
             raise ValueError(f"sft.stop.metric={stop.metric!r} is not measured; measured: {sorted(m)}")
         self.run.log(self.sft_step, {f"probe_{k}": v for k, v in m.items()}, phase="sft_probe")
@@ -277,14 +278,14 @@ class Trainer:
         samples = self.sample_prompts(records, ev.samples_per_prompt, self.eval_params())
         scored = self.reward.score_samples(samples, self.stage)
         rewards = [r.total for r in scored]
-        m = summarize_scores(scored, samples, ev)
-        outcomes = solved_by_prompt(rewards, samples, ev.success_threshold)
+        outcomes = solved_by_prompt(scored, samples, ev.success_threshold)
+        m = summarize_scores(scored, outcomes)
         groups: dict[str, list[Sample]] = {}
         for s in samples:
             groups.setdefault(s.group_id, []).append(s)
         per_prompt = [self.sample_diversity(g) for g in groups.values()]
-        if per_prompt and all(d is not None for d in per_prompt):
-            m["diversity"] = float(np.nanmean([float(d) for d in per_prompt if d is not None]))
+        if per_prompt and None not in per_prompt:
+            m["diversity"] = float(np.nanmean(np.asarray(per_prompt, dtype=float)))
         self.evals[name] = m
         self.eval_steps[name] = step
         self.eval_outcomes[name] = outcomes
@@ -358,23 +359,20 @@ class Trainer:
 
 
 def solved_by_prompt(
-    rewards: Sequence[float], samples: Sequence[Sample], threshold: float
+    scored: Sequence[Reward], samples: Sequence[Sample], threshold: float
 ) -> dict[str, list[float]]:
-    """prompt (group) id -> 1.0 / 0.0 per sample: reward >= ``threshold``."""
+    """prompt (group) id -> 1.0 / 0.0 per sample: total reward >= ``threshold``."""
     out: dict[str, list[float]] = {}
-    for s, r in zip(samples, rewards):
-        out.setdefault(s.group_id, []).append(float(r >= threshold))
+    for s, r in zip(samples, scored):
+        out.setdefault(s.group_id, []).append(float(r.total >= threshold))
     return out
 
 
-def summarize_scores(scored: Sequence[Reward], samples: Sequence[Sample], ev: Any) -> dict[str, float]:
-    """An evaluation's metrics from its scored samples: ``reward`` (mean), ``accuracy`` (the
-    fraction reaching ``ev.success_threshold``), ``pass_at_k`` (prompts with one such sample) and
-    each check's rate."""
-    rewards = [r.total for r in scored]
-    solved = solved_by_prompt(rewards, samples, ev.success_threshold)
+def summarize_scores(scored: Sequence[Reward], solved: dict[str, list[float]]) -> dict[str, float]:
+    """An evaluation's metrics: ``reward`` (mean), ``accuracy`` (the fraction of samples solved, from
+    ``solved_by_prompt``), ``pass_at_k`` (prompts with one solved sample) and each check's rate."""
     m = {
-        "reward": float(np.mean(rewards)),
+        "reward": float(np.mean([r.total for r in scored])),
         "accuracy": float(np.mean([v for vs in solved.values() for v in vs])),
         "pass_at_k": float(np.mean([max(o) for o in solved.values()])),
     }
