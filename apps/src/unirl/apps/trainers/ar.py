@@ -56,6 +56,8 @@ class ARTrainer(Trainer):
         )
         engine_dir = self._engine_model_dir(recipe)  # before the backend shards / wraps the model
         self.backend = recipe.backend.build(self.bundle.model, device=self.device)
+        if self.backend.module is not self.bundle.model:  # megatron: replay on the trained module,
+            self.pipeline.replay_model = self.backend.module  # decode on the synced rollout copy
         self.engine = self._build_engine(recipe, engine_dir)
         self.reward = RewardService.local(recipe.reward)
         alg = recipe.rl.algorithm if recipe.rl else None
@@ -77,7 +79,7 @@ class ARTrainer(Trainer):
             return TrainsideEngine(
                 self.pipeline,
                 weight_version=lambda: self.backend.global_step,
-                sampling_context=self.backend.gathered if cfg.decoder != "dynamic" else None,
+                sampling_context=self.backend.gathered if self._gathered_sampling(cfg) else None,
             )
         return cfg.build(
             self.pipeline,
@@ -86,6 +88,11 @@ class ARTrainer(Trainer):
             weight_version=self.backend.global_step,
         )
 
+    def _gathered_sampling(self, cfg: Any) -> bool:
+        """Sample inside ``backend.gathered()``: static decoders (FSDP: weights gathered once a
+        rollout) and a backend with a separate rollout copy (megatron: synced when behind)."""
+        return cfg.decoder != "dynamic" or hasattr(self.backend, "rollout_module")
+
     def sync_engine(self) -> dict[str, float]:
         """Push the trained weights to a dedicated engine when it is behind (no-op for trainside)."""
         engine = self.engine
@@ -93,6 +100,9 @@ class ARTrainer(Trainer):
         if not hasattr(engine, "update_weights") or version <= engine.weight_version:
             return {}
         t0 = time.time()
+        sync_copy = getattr(self.backend, "sync_rollout", None)
+        if callable(sync_copy):  # megatron: the engine's parity reference is the rollout copy
+            sync_copy()
         items = materialize(self.backend.full_state_dict().items())
         stamp = weight_stamp(items, version)
         check_weight_stamp(engine.update_weights(items, stamp), stamp, "rollout engine")

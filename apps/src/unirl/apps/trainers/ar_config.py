@@ -14,7 +14,7 @@ from unirl.reward.config import ServiceConfig
 from unirl.rollout.ar.config import CausalLMConfig
 from unirl.rollout.engines.vllm_config import VLLMEngineConfig
 from unirl.train.algorithms import TokenSFTConfig
-from unirl.train.backends.fsdp import FSDPConfig
+from unirl.train.backends.config import BackendConfig
 from unirl.types import ARSamplingParams
 
 DataConfig = Annotated[
@@ -74,7 +74,7 @@ class Recipe(RunSettings):
         description="sampling for held-out evaluation (default: `sampling` with top_k=1, greedy)",
     )
     prompt_template: str = Field(default="{prompt}", description="str.format template with a {prompt} field")
-    backend: FSDPConfig
+    backend: BackendConfig
     reward: ServiceConfig
     sft: ARSFTPhase | None = None
     rl: RLPhase | None = None

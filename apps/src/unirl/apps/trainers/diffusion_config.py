@@ -12,7 +12,7 @@ from unirl.apps.trainers.phases import RLPhase, RunSettings, SFTPhaseBase
 from unirl.apps.worlds.shapes_source import ShapesDataConfig
 from unirl.reward.config import ServiceConfig
 from unirl.train.algorithms import DiffusionNFTConfig, FlowSFTConfig
-from unirl.train.backends.fsdp import FSDPConfig
+from unirl.train.backends.config import BackendConfig
 from unirl.types import DiffusionSamplingParams
 
 DataConfig = Annotated[PromptListConfig | ShapesDataConfig, Field(discriminator="kind")]
@@ -29,10 +29,19 @@ class Recipe(RunSettings):
     model: DiffusionModelConfig
     data: DataConfig
     sampling: DiffusionSamplingParams
-    backend: FSDPConfig
+    backend: BackendConfig
     reward: ServiceConfig
     sft: DiffusionSFTPhase | None = None
     rl: RLPhase | None = None
+
+    @model_validator(mode="after")
+    def _fsdp_only(self) -> Recipe:
+        if self.backend.kind != "fsdp":
+            raise ValueError(
+                f"backend.kind={self.backend.kind!r}: diffusion recipes train on kind: fsdp for now (the "
+                "megatron backend serves causal LMs; an MMDiT on megatron-core blocks is not built yet)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _nft_old_policy(self) -> Recipe:

@@ -126,4 +126,15 @@ class RunSettings(BaseModel):
                 f"rl.algorithm.kl_coef={kl} needs a reference policy, but backend.reference='none': set "
                 "backend.reference=frozen_copy (the policy RL starts from) or lora_base, or kl_coef=0"
             )
+        backend = getattr(getattr(self, "backend", None), "kind", "fsdp")
+        if backend == "megatron" and self.layout.kind != "single":
+            raise ValueError(
+                f"backend.kind=megatron runs in layout.kind='single' for now (got {self.layout.kind!r}); "
+                "its Ray workers are not built yet: use layout.kind: single, or backend.kind: fsdp"
+            )
+        if backend == "megatron" and self.checkpoint_format != "full":
+            raise ValueError(
+                f"backend.kind=megatron writes checkpoint_format='full' (Hugging Face-named, loadable at "
+                f"any tensor-parallel size); got {self.checkpoint_format!r}"
+            )
         return self

@@ -108,6 +108,9 @@ class ARPipeline:
         self.lockstep_group = lockstep_group
         self.decoder = decoder
         self.kv_bucket = kv_bucket
+        # The module the replay (and so every loss) runs through when it is not the decode model:
+        # a backend that trains its own module (megatron) and keeps bundle.model as the rollout copy.
+        self.replay_model: nn.Module | None = None
 
     @property
     def model(self) -> nn.Module:
@@ -220,7 +223,7 @@ class ARPipeline:
         segs = [text_segment(p) for p in parts]
         temps = [ar_params(p, self.params).temperature for p in parts]
         logp, entropy = replay_token_logprobs(
-            self.bundle.model,
+            self.bundle.model if self.replay_model is None else self.replay_model,
             [s.prompt_ids for s in segs],
             [s.response_ids for s in segs],
             temps,

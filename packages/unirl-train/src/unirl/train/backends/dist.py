@@ -1,4 +1,5 @@
-"""Process-group bootstrap for a single process (world size 1) when no launcher made one."""
+"""Process-group bootstrap for a single process (world size 1) when no launcher made one, and the
+device a rank trains on."""
 
 from __future__ import annotations
 
@@ -25,3 +26,21 @@ def ensure_process_group(device: torch.device) -> None:
     path = os.path.join(tempfile.mkdtemp(prefix="unirl-pg-"), "store")
     store = dist.FileStore(path, 1)
     dist.init_process_group(backend=backend, store=store, rank=0, world_size=1)
+
+
+def default_device() -> torch.device:
+    """cuda:LOCAL_RANK when CUDA is available, else cpu."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """`device`, with None and a bare "cuda" meaning this rank's GPU (or the CPU without one);
+    a CUDA device becomes the current one."""
+    out = torch.device(device) if device is not None else default_device()
+    if out.type == "cuda" and out.index is None:
+        out = default_device()
+    if out.type == "cuda":
+        torch.cuda.set_device(out)
+    return out

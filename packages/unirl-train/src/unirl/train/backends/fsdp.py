@@ -11,8 +11,6 @@ and larger data-parallel worlds (launch one process per rank; the mesh spans the
 from __future__ import annotations
 
 import contextlib
-import math
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Literal
@@ -21,9 +19,9 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 
-from unirl.train.backends.base import StepStats
-from unirl.train.backends.dist import ensure_process_group
-from unirl.train.ema import EMA, EMAConfig, swapped_weights, to_local_layout
+from unirl.train.backends.common import OptimizedBackend, full_tensor
+from unirl.train.backends.dist import ensure_process_group, resolve_device
+from unirl.train.ema import EMAConfig, to_local_layout
 from unirl.train.lora import (
     LoRAConfig,
     adapter_state_dict,
@@ -32,7 +30,7 @@ from unirl.train.lora import (
     lora_scalings,
     merge_lora_state_dict,
 )
-from unirl.train.optim import AdamWConfig, ConstantSchedule, ScheduleConfig, build_scheduler
+from unirl.train.optim import AdamWConfig, ConstantSchedule, ScheduleConfig
 from unirl.train.precision import PrecisionConfig
 
 
@@ -73,14 +71,7 @@ class FSDPConfig(BaseModel):
         return FSDPBackend(module, self, device=device)
 
 
-def default_device() -> torch.device:
-    """cuda:LOCAL_RANK when CUDA is available, else cpu."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
-
-
-class FSDPBackend:
+class FSDPBackend(OptimizedBackend):
     """Owns an FSDP2-sharded module, its optimizer, LR schedule, EMA and reference weights."""
 
     def __init__(
@@ -94,11 +85,7 @@ class FSDPBackend:
                 "reference='lora_base' needs lora to be set; use reference='frozen_copy' instead"
             )
         self.config = config
-        self.device = torch.device(device) if device is not None else default_device()
-        if self.device.type == "cuda" and self.device.index is None:  # "cuda" means this rank's GPU
-            self.device = default_device()
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        self.device = resolve_device(device)
         ensure_process_group(self.device)
         self.mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
 
@@ -125,24 +112,12 @@ class FSDPBackend:
         self.module = module
         self.num_sharded_blocks = len(blocks)
 
-        self.trainable: dict[str, torch.nn.Parameter] = {
-            n: p for n, p in module.named_parameters() if p.requires_grad
-        }
-        self.optimizer = config.optimizer.build(self.trainable.values(), self.device)
-        self.scheduler = build_scheduler(self.optimizer, config.scheduler)
-        self.ema = EMA(self.trainable, config.ema) if config.ema is not None else None
-        self._reference: dict[str, torch.Tensor] | None = None
-        if config.reference == "frozen_copy":
-            self.snapshot_reference()
-        self._step = 0
-        self._ema_start = 0  # the step the EMA (re)started at: its ramp counts updates from there
+        trainable = {n: p for n, p in module.named_parameters() if p.requires_grad}
+        self._init_optimization(
+            trainable, config.optimizer, config.scheduler, config.ema, config.reference == "frozen_copy"
+        )
 
     # -- identity -------------------------------------------------------------------------
-    @property
-    def global_step(self) -> int:
-        """Optimizer steps applied so far (skipped non-finite steps do not count)."""
-        return self._step
-
     @property
     def rank(self) -> int:
         return dist.get_rank()
@@ -152,59 +127,11 @@ class FSDPBackend:
         return dist.get_world_size()
 
     # -- training -------------------------------------------------------------------------
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
     def backward(self, loss: torch.Tensor, *, last_micro_batch: bool = True) -> None:
         """Accumulate the gradient of `loss`; with `defer_grad_sync`, ranks sync only on the last."""
         if self.config.defer_grad_sync and self.world_size > 1:
             self.module.set_requires_gradient_sync(last_micro_batch)  # type: ignore[operator]
         loss.backward()
-
-    def reset_optimizer(self) -> None:
-        """Drop the optimizer's per-parameter state (AdamW's moments and step counts); the
-        weights, the schedule, the EMA and `global_step` are kept. A new phase that should not
-        inherit the previous phase's moments (RL after SFT) calls this before its first step."""
-        self.optimizer.state.clear()
-
-    def restart_ema(self) -> None:
-        """Restart the EMA at the current weights, its decay ramp from its first update (``d_k``
-        with k counted from here). A phase whose EMA should not average the previous phase's
-        weights (DiffusionNFT's old policy, RL after SFT) calls this before its first step."""
-        if self.ema is None:
-            raise ValueError("restart_ema() needs backend.ema to be configured (e.g. ema: {decay: 0.9})")
-        self.ema.reset()
-        self._ema_start = self._step
-
-    def snapshot_reference(self) -> None:
-        """Make the current trainable weights the frozen KL reference (``reference='frozen_copy'``).
-
-        The copy is first taken when the backend is built; a phase that regularises towards the
-        policy it starts from (RL after SFT) takes it again at its first step. It is checkpointed,
-        so a resumed run keeps the reference its RL phase started with."""
-        if self.config.reference != "frozen_copy":
-            raise ValueError(
-                f"snapshot_reference() needs backend.reference='frozen_copy' (got {self.config.reference!r})"
-            )
-        self._reference = {n: p.detach().clone() for n, p in self.trainable.items()}
-
-    def step(self) -> StepStats:
-        """Clip to `grad_clip`, skip on a non-finite norm, else AdamW + schedule + EMA."""
-        params = list(self.trainable.values())
-        max_norm = self.config.grad_clip if self.config.grad_clip is not None else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False)
-        grad_norm = float(_full(norm))
-        lr = float(self.scheduler.get_last_lr()[0])
-        if not math.isfinite(grad_norm):
-            self.zero_grad()
-            return StepStats(grad_norm=grad_norm, lr=lr, skipped_nonfinite=True, global_step=self._step)
-        self.optimizer.step()
-        self.scheduler.step()
-        if self.ema is not None:
-            self.ema.update(self._step - self._ema_start)
-        self._step += 1
-        self.zero_grad()
-        return StepStats(grad_norm=grad_norm, lr=lr, skipped_nonfinite=False, global_step=self._step)
 
     def all_reduce(self, values: Sequence[float], op: Literal["sum", "max"] = "sum") -> list[float]:
         """Sum or max of a few scalars over the data-parallel ranks (fp64)."""
@@ -215,12 +142,6 @@ class FSDPBackend:
         return t.cpu().tolist()
 
     # -- weight views ---------------------------------------------------------------------
-    def ema_weights(self) -> AbstractContextManager[None]:
-        """Context with the EMA weights swapped into `module` (EMA rollout, DiffusionNFT's old policy)."""
-        if self.ema is None:
-            raise ValueError("ema_weights() needs backend.ema to be configured (e.g. ema: {decay: 0.9})")
-        return self.ema.applied()
-
     @contextlib.contextmanager
     def gathered(self) -> Iterator[None]:
         """Context in which every FSDP unit stays unsharded (gathered once, in the compute dtype)
@@ -244,9 +165,7 @@ class FSDPBackend:
         """Context in which `module` is the frozen reference policy (for KL terms)."""
         if self.config.reference == "lora_base":
             return lora_disabled(self.module)
-        if self._reference is not None:
-            return swapped_weights(self.trainable, self._reference)
-        raise ValueError("reference_weights() needs backend.reference='frozen_copy' or 'lora_base'")
+        return self._frozen_copy_weights()
 
     def full_state_dict(self, merge_lora: bool = True) -> dict[str, torch.Tensor]:
         """Full CPU weights (on rank 0; other ranks get {}); LoRA merged into base keys by default."""
@@ -287,12 +206,12 @@ class FSDPBackend:
             "model": get_model_state_dict(self.module, options=opts),
             "optimizer": get_optimizer_state_dict(self.module, self.optimizer, options=opts),
             "scheduler": self.scheduler.state_dict(),
-            "ema": {n: _full(t).cpu() for n, t in self.ema.shadow.items()} if self.ema else {},
+            "ema": {n: full_tensor(t).cpu() for n, t in self.ema.shadow.items()} if self.ema else {},
             "global_step": self._step,
             "ema_start": self._ema_start,
         }
         if self._reference is not None:
-            state["reference"] = {n: _full(t).cpu() for n, t in self._reference.items()}
+            state["reference"] = {n: full_tensor(t).cpu() for n, t in self._reference.items()}
         # Off CPU, cpu_offload already copied every tensor to host memory.
         return _snapshot(state) if self.device.type == "cpu" else state
 
@@ -388,10 +307,3 @@ def _snapshot(tree: Any) -> Any:
     if isinstance(tree, tuple):
         return tuple(_snapshot(v) for v in tree)
     return tree
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's full value (collective), or the tensor itself."""
-    from torch.distributed.tensor import DTensor
-
-    return t.full_tensor() if isinstance(t, DTensor) else t

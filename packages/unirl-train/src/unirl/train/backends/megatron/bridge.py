@@ -1,0 +1,114 @@
+"""Hugging Face <-> megatron-core weights through mbridge (the bridge verl and slime use).
+
+mbridge maps a Hugging Face config to a megatron-core `TransformerConfig` and GPTModel provider,
+and converts weights both ways, splitting and gathering over tensor-parallel ranks. Three
+things are added here, each small:
+
+- the local (pure torch) layer spec when Transformer Engine is not installed: mbridge always
+  asks for the TE spec, whose fused LayerNorm+linear parameters are named differently, so the
+  two norm names of the local spec are mapped too;
+- RoPE's base read from ``rope_parameters`` (transformers >= 5 keeps it there) and full-vocab
+  logits (``parallel_output=False``) so the pipelines' log-prob code sees the whole vocabulary;
+- weights from an in-memory state dict (the trainer hands over a built module, not a directory).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+
+def has_transformer_engine() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+class _StateDictIO:
+    """mbridge's SafeTensorIO interface over a state dict held in memory."""
+
+    def __init__(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.state = state
+
+    def load_some_hf_weight(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        return {n: self.load_one_hf_weight(n) for n in names}
+
+    def load_one_hf_weight(self, name: str) -> torch.Tensor:
+        if name not in self.state:
+            raise KeyError(f"Hugging Face weight {name!r} is not in the model's state dict")
+        return self.state[name]
+
+
+class _UnirlBridge:
+    """Mixed in before mbridge's per-family bridge class."""
+
+    local_spec: bool = False
+
+    def _get_safetensor_io(self, weights_path: Any) -> Any:
+        if isinstance(weights_path, Mapping):
+            return _StateDictIO(weights_path)
+        return super()._get_safetensor_io(weights_path)  # type: ignore[misc]
+
+    def _get_gptmodel_args(self) -> dict[str, Any]:
+        hf = self.hf_config  # type: ignore[attr-defined]
+        rope = getattr(hf, "rope_theta", None)
+        if rope is None:
+            rope = (getattr(hf, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+            hf.rope_theta = rope  # mbridge's own code reads the attribute
+        args = super()._get_gptmodel_args()  # type: ignore[misc]
+        return {**args, "rotary_base": rope, "parallel_output": False}
+
+    def _get_transformer_layer_spec(self, vp_stage: int | None = None) -> Any:
+        if not self.local_spec:
+            return super()._get_transformer_layer_spec(vp_stage)  # type: ignore[misc]
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+        self.has_vp_stage = True
+        return get_gpt_decoder_block_spec(self.config, use_transformer_engine=False, vp_stage=vp_stage)  # type: ignore[attr-defined]
+
+    def _weight_name_mapping_mlp(self, name: str) -> list[str]:
+        if "pre_mlp_layernorm" in name:  # local spec; TE fuses it into linear_fc1
+            return [f"model.layers.{name.split('.')[2]}.post_attention_layernorm.weight"]
+        return super()._weight_name_mapping_mlp(name)  # type: ignore[misc]
+
+    def _weight_name_mapping_other(self, name: str) -> list[str]:
+        if name.endswith("input_layernorm.weight"):  # local spec; TE fuses it into linear_qkv
+            return [f"model.layers.{name.split('.')[2]}.input_layernorm.weight"]
+        return super()._weight_name_mapping_other(name)  # type: ignore[misc]
+
+
+def make_bridge(hf_config: Any, *, local_spec: bool, overrides: Mapping[str, Any]) -> Any:
+    """An mbridge bridge for `hf_config`'s family (fp32 parameters), TransformerConfig `overrides`
+    applied; raises with the supported families when mbridge has none for this model type."""
+    from mbridge.core.bridge import _MODEL_REGISTRY
+
+    model_type = getattr(hf_config, "model_type", None)
+    family = _MODEL_REGISTRY.get(model_type)
+    if family is None:
+        raise ValueError(
+            f"backend.kind=megatron: mbridge has no bridge for model_type={model_type!r}; "
+            f"supported: {sorted(_MODEL_REGISTRY)}"
+        )
+    cls = type(f"Unirl{family.__name__}", (_UnirlBridge, family), {"local_spec": local_spec})
+    bridge = cls(hf_config, dtype=torch.float32)
+    bridge.set_extra_args(**overrides)
+    return bridge
+
+
+def build_gpt_model(bridge: Any) -> torch.nn.Module:
+    """The GPTModel of this rank (one pipeline stage holding every layer: PP = 1)."""
+    return bridge._model_provider([])(pre_process=True, post_process=True)
+
+
+def load_hf_weights(bridge: Any, model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy Hugging Face-named weights into `model` (this rank's TP shard of each)."""
+    with torch.no_grad():
+        bridge.load_weights([model], state)
+
+
+def export_hf_weights(bridge: Any, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every weight of `model` under its Hugging Face name, TP-gathered, as CPU copies (collective
+    over the TP group; every rank gets the full dict)."""
+    with torch.no_grad():
+        return {n: t.detach().to("cpu", copy=True) for n, t in bridge.export_weights([model])}

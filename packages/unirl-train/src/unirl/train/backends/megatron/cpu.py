@@ -1,0 +1,68 @@
+"""Running megatron-core on a machine without CUDA (the CPU test tier and the laptop default).
+
+megatron-core's layers are plain torch, but a few of its helpers name the CUDA device outright:
+`torch.cuda.current_device()` for where to allocate (embeddings, RoPE frequencies) and the CUDA
+RNG state tracker that tensor-parallel regions fork. `install()` points the first at the CPU and
+puts a tracker over torch's CPU generator in place of the second; nothing else is changed, so
+the GPTModel, its tensor-parallel layers and their gloo collectives are megatron-core's own.
+On a CUDA machine it does nothing. megatron-core's optimizers allocate on CUDA too; the backend
+does not use them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+_SEED = 2718  # megatron-core's own default model-parallel seed offset
+
+
+def install() -> None:
+    """Make megatron-core's model code runnable on CPU (idempotent; no-op when CUDA exists)."""
+    if torch.cuda.is_available():
+        return
+    from megatron.core.tensor_parallel import random as mrandom
+
+    torch.cuda.current_device = _cpu_device  # type: ignore[assignment]
+    if isinstance(mrandom._CUDA_RNG_STATE_TRACKER, CPURNGStatesTracker):
+        return
+
+    tracker = CPURNGStatesTracker()
+    tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, _SEED)
+    mrandom._CUDA_RNG_STATE_TRACKER = tracker
+    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+
+
+def _cpu_device() -> torch.device:
+    return torch.device("cpu")
+
+
+def _tracker_base() -> type:
+    from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
+
+    return CudaRNGStatesTracker
+
+
+class CPURNGStatesTracker(_tracker_base()):  # type: ignore[misc]
+    """megatron-core's named RNG states, kept as torch CPU generator states."""
+
+    def add(self, name: str, seed: int) -> None:
+        if seed in self.seeds_ or name in self.states_:
+            raise ValueError(f"RNG state {name!r} / seed {seed} already added")
+        self._is_initialized = True
+        self.seeds_.add(seed)
+        self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng") -> Iterator[None]:
+        if name not in self.states_:
+            raise ValueError(f"RNG state {name!r} was not added")
+        outer = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(outer)
