@@ -31,6 +31,7 @@ from unirl.train.algorithms import GRPOConfig
 from unirl.train.backends.fsdp import FSDPConfig
 from unirl.train.geometry import BatchGeometry
 from unirl.train.optim import AdamWConfig
+from unirl.train.precision import PrecisionConfig
 from unirl.train.stack import TrainStack
 from unirl.types import ARSamplingParams, Sample, TextPrimitive, compute_advantages
 
@@ -45,9 +46,8 @@ TINY = dict(
 )  # fmt: skip
 
 
-def build(
-    tiny: bool, device: torch.device, compile_layers: str = "", reshard: bool = False
-) -> tuple[CausalLMBundle, object]:
+def make_model(tiny: bool, device: torch.device, compile_layers: str = "") -> CausalLMBundle:
+    """The random-init model (seed 0: the same weights on every call) and the tiny tokenizer."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     tok = CausalLMBundle.tiny_qwen3().tokenizer
@@ -66,10 +66,29 @@ def build(
             layer.self_attn.q_norm.compile()
             layer.self_attn.k_norm.compile()
         model.model.norm.compile()
-    backend = FSDPConfig(optimizer=AdamWConfig(lr=1e-6), grad_clip=1.0, reshard_after_forward=reshard).build(
-        model, device
-    )
-    return CausalLMBundle(model, tok), backend
+    return CausalLMBundle(model, tok)
+
+
+def make_backend(kind: str, model: torch.nn.Module, device: torch.device, reshard: bool = False) -> object:
+    """Issue 8's optimizer (AdamW lr 1e-6, grad clip 1) on ``kind``: fsdp (FSDP2) or megatron
+    (megatron-core GPTModel; ``model`` stays its rollout copy); bf16 compute on CUDA for both."""
+    opt, precision = AdamWConfig(lr=1e-6), PrecisionConfig()
+    if kind == "fsdp":
+        return FSDPConfig(
+            optimizer=opt, grad_clip=1.0, precision=precision, reshard_after_forward=reshard
+        ).build(model, device)
+    if kind == "megatron":
+        from unirl.train.backends.megatron import MegatronConfig
+
+        return MegatronConfig(optimizer=opt, grad_clip=1.0, precision=precision).build(model, device)
+    raise ValueError(f"unknown backend {kind!r}: fsdp or megatron")
+
+
+def build(
+    tiny: bool, device: torch.device, compile_layers: str = "", reshard: bool = False, backend: str = "fsdp"
+) -> tuple[CausalLMBundle, object]:
+    bundle = make_model(tiny, device, compile_layers)
+    return bundle, make_backend(backend, bundle.model, device, reshard)
 
 
 def prompt_of(bundle: CausalLMBundle, n_tokens: int, salt: int) -> str:
@@ -80,6 +99,28 @@ def prompt_of(bundle: CausalLMBundle, n_tokens: int, salt: int) -> str:
     if len(bundle.encode_prompt(text)) != n_tokens:
         raise RuntimeError(f"could not build a {n_tokens}-token prompt with this tokenizer")
     return text
+
+
+def make_samples(args: argparse.Namespace, bundle: CausalLMBundle) -> list[Sample]:
+    """``args.prompts`` groups of ``args.group`` samples, each prompt ``args.prompt_tokens`` long."""
+    return [
+        Sample(
+            id=f"p{p}-{i}",
+            group_id=f"p{p}",
+            inputs=[TextPrimitive(text=prompt_of(bundle, args.prompt_tokens, p))],
+        )
+        for p in range(args.prompts)
+        for i in range(args.group)
+    ]
+
+
+def random_advantages(samples: list[Sample], seed: int) -> list:
+    """The samples' ``ar`` Parts with group advantages of seeded random rewards."""
+    parts = [s.part("ar") for s in samples]
+    rewards = np.random.default_rng(seed).random(len(parts))
+    for p, a in zip(parts, compute_advantages(rewards, [s.group_id for s in samples])):
+        p.advantage = float(a)
+    return parts
 
 
 # Wall time of each decode loop call (the rest of gen_s: prompts, prefill setup, texts).
@@ -106,15 +147,7 @@ def _timed_decoder() -> None:
 def one_step(args, bundle, backend, pipe, engine, step: int, prof=contextlib.nullcontext) -> dict[str, float]:
     """One timed GRPO step; ``prof()`` wraps the rollout and, separately, the train step."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    samples = [
-        Sample(
-            id=f"p{p}-{i}",
-            group_id=f"p{p}",
-            inputs=[TextPrimitive(text=prompt_of(bundle, args.prompt_tokens, p))],
-        )
-        for p in range(args.prompts)
-        for i in range(args.group)
-    ]
+    samples = make_samples(args, bundle)
     sync()
     DECODE_S.clear()
     t0 = time.perf_counter()
@@ -122,10 +155,7 @@ def one_step(args, bundle, backend, pipe, engine, step: int, prof=contextlib.nul
         samples = engine.generate(samples, rollout_step=step)
     sync()
     t1 = time.perf_counter()
-    parts = [s.part("ar") for s in samples]
-    rewards = np.random.default_rng(step).random(len(parts))
-    for p, a in zip(parts, compute_advantages(rewards, [s.group_id for s in samples])):
-        p.advantage = float(a)
+    parts = random_advantages(samples, seed=step)
     stack = TrainStack(backend, GRPOConfig().build(), pipe, BatchGeometry(micro_batch_size=args.micro))
     with prof("train"):
         metrics = stack.train_on(parts)

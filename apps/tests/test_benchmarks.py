@@ -3,6 +3,7 @@ device sessions: every code path but CUDA-graph capture and the GPU timings."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,3 +40,22 @@ def test_grpo_step_benchmark_runs_every_decoder() -> None:
     assert set(rows) == {"dynamic", "graph:0", "graph:4"}
     for r in rows.values():
         assert float(r[6]) < 1e-5  # first-update ratio deviation (fp32 on CPU)
+
+
+@pytest.mark.slow
+def test_train_backends_benchmark_agrees_across_backends(tmp_path: Path) -> None:
+    pytest.importorskip("megatron.core")
+    pytest.importorskip("mbridge")
+    out = tmp_path / "backends.json"
+    table = run("gpu_train_backends.py", "--backends", "fsdp", "megatron", "--steps", "1", "--json", str(out))
+    assert [r.split()[0] for r in table.strip().splitlines()[-2:]] == ["fsdp", "megatron"]
+    res = json.loads(out.read_text())["results"]
+    fsdp, meg = res["fsdp"], res["megatron"]
+    for r in (fsdp, meg):
+        assert r["same_initial_weights"] == 1.0
+        assert r["first_ratio_dev"] < 1e-5  # fp32 on CPU: replay = rollout
+        assert r["optimizer_steps"] == 1.0 and r["global_step"] == 2.0  # warm-up + 1 timed step
+        assert r["train_s"] > 0 and r["tokens_per_s"] > 0
+    assert meg["logp_maxdiff_vs_base"] < 1e-5  # the same function at the same initial weights
+    assert abs(meg["first_grad_norm"] - fsdp["first_grad_norm"]) < 1e-4 * fsdp["first_grad_norm"]
+    assert abs(meg["first_loss"] - fsdp["first_loss"]) < 1e-6

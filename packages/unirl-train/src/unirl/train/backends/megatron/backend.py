@@ -65,10 +65,13 @@ class MegatronBackend(OptimizedBackend):
         gpt = hf_bridge.build_gpt_model(self.bridge).to(self.device)
         hf_bridge.load_hf_weights(self.bridge, gpt, dict(module.state_dict()))
         param_dtype, _ = config.precision.resolve(self.device)
-        self.module = MegatronCausalLM(gpt, hf_config, param_dtype)
+        embed = module.get_input_embeddings() if hasattr(module, "get_input_embeddings") else None
+        self.module = MegatronCausalLM(gpt, hf_config, param_dtype, getattr(embed, "padding_idx", None))
         self.gpt = gpt
         module.requires_grad_(False)
         self.rollout_module = module
+        self._tied = _tied_aliases(module)  # e.g. lm_head.weight -> model.embed_tokens.weight
+        self._hf_keys = set(module.state_dict())
         self._rollout_version = 0  # the rollout copy holds the weights of this optimizer step
         trainable = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
         self._init_optimization(
@@ -105,14 +108,23 @@ class MegatronBackend(OptimizedBackend):
                 "backend.transformer_impl='transformer_engine' but transformer_engine is not installed; "
                 "install it or use transformer_impl: local"
             )
-        return config.transformer_impl == "local" or not has_te
+        local = config.transformer_impl == "local" or not has_te
+        if local and config.sequence_parallel:
+            raise ValueError(
+                "backend.sequence_parallel=True needs Transformer Engine's norms (megatron-core's local "
+                "layer spec has none that shard the sequence); install transformer_engine or set "
+                "sequence_parallel: false"
+            )
+        return local
 
     def _overrides(self, config: MegatronConfig) -> dict[str, Any]:
         """TransformerConfig fields set here: the parallel layout, recompute, and the fused CUDA
-        kernels off where they need apex/TE (initialisation is skipped: the weights are loaded)."""
+        kernels off where they need apex/TE."""
         out: dict[str, Any] = {
-            "use_cpu_initialization": True,
-            "perform_initialization": False,
+            # megatron-core marks the tensor-parallel weights (tensor_model_parallel, partition_dim)
+            # only in its initialisation; the bridge's TP gather needs the marks
+            "use_cpu_initialization": self.device.type == "cpu",
+            "perform_initialization": True,
             "sequence_parallel": config.sequence_parallel,
             "masked_softmax_fusion": False,
             "gradient_accumulation_fusion": False,
@@ -151,13 +163,27 @@ class MegatronBackend(OptimizedBackend):
         grads = [p.grad for p in self.trainable.values() if p.grad is not None]
         if mpu.get_data_parallel_world_size() > 1:
             _all_reduce_flat(grads, mpu.get_data_parallel_group())
-        if self.config.sequence_parallel:
-            partial = [
-                p.grad
-                for p in self.trainable.values()
-                if p.grad is not None and getattr(p, "sequence_parallel", False)
-            ]
-            _all_reduce_flat(partial, mpu.get_tensor_model_parallel_group())
+        if self.tp_size > 1:  # what megatron-core's finalize_model_grads does over the TP group
+            summed, averaged = self._tp_partial_grads()
+            _all_reduce_flat(summed, mpu.get_tensor_model_parallel_group())
+            _all_reduce_flat(averaged, mpu.get_tensor_model_parallel_group(), op=dist.ReduceOp.AVG)
+
+    def _tp_partial_grads(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Gradients of replicated weights that each TP rank holds only a part of: summed are the
+        sequence-parallel norms' and the per-head QK norms' (each rank sees its own heads' or
+        tokens' share), averaged are those megatron-core marks ``average_gradients_across_tp_domain``."""
+        qk = bool(getattr(self.gpt.config, "qk_layernorm", False))
+        summed, averaged = [], []
+        for name, p in self.trainable.items():
+            if p.grad is None:
+                continue
+            if getattr(p, "average_gradients_across_tp_domain", False):
+                averaged.append(p.grad)
+            elif (self.config.sequence_parallel and getattr(p, "sequence_parallel", False)) or (
+                qk and ("q_layernorm" in name or "k_layernorm" in name)
+            ):
+                summed.append(p.grad)
+        return summed, averaged
 
     def _total_grad_norm(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
         if self.tp_size == 1:
@@ -206,18 +232,23 @@ class MegatronBackend(OptimizedBackend):
             return
         weights = self.full_state_dict()
         params = dict(self.rollout_module.named_parameters(remove_duplicate=False))
-        missing = set(params) - set(weights) - _tied_aliases(self.rollout_module)
+        missing = set(params) - set(weights)
         if missing:
             raise RuntimeError(f"megatron export lacks rollout-copy weights, e.g. {sorted(missing)[:3]}")
         with torch.no_grad():
             for name, value in weights.items():
-                params[name].copy_(value)
+                if name not in self._tied:  # an alias shares its original's storage
+                    params[name].copy_(value)
         self._rollout_version = self._step
 
     def full_state_dict(self, merge_lora: bool = True) -> dict[str, torch.Tensor]:
         """Every weight under its Hugging Face name, TP-gathered, on CPU (collective; every rank
-        gets the full dict)."""
-        return hf_bridge.export_hf_weights(self.bridge, self.gpt)
+        gets the full dict). The keys are the Hugging Face module's state-dict keys: a tied weight
+        (``lm_head.weight``) appears under both names, as one tensor."""
+        out = hf_bridge.export_hf_weights(self.bridge, self.gpt)
+        for alias, original in self._tied.items():
+            out.setdefault(alias, out[original])
+        return out
 
     # -- checkpoint state -------------------------------------------------------------------
     def _to_hf(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -262,7 +293,7 @@ class MegatronBackend(OptimizedBackend):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()` output (written at any tensor-parallel size)."""
-        expected = set(self.full_state_dict())
+        expected = self._hf_keys
         got = set(state["model"])
         if got != expected:
             raise ValueError(
@@ -296,8 +327,8 @@ class MegatronBackend(OptimizedBackend):
         self._rollout_version = -1  # the rollout copy is behind whatever was loaded
 
 
-def _all_reduce_flat(grads: list[torch.Tensor], group: Any) -> None:
-    """Sum `grads` over `group` in place, as one flat buffer per dtype."""
+def _all_reduce_flat(grads: list[torch.Tensor], group: Any, op: Any = dist.ReduceOp.SUM) -> None:
+    """Reduce `grads` over `group` in place (sum by default), as one flat buffer per dtype."""
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
@@ -305,18 +336,19 @@ def _all_reduce_flat(grads: list[torch.Tensor], group: Any) -> None:
         by_dtype.setdefault(g.dtype, []).append(g)
     for same in by_dtype.values():
         flat = _flatten_dense_tensors(same)
-        dist.all_reduce(flat, group=group)
+        dist.all_reduce(flat, op=op, group=group)
         for g, reduced in zip(same, _unflatten_dense_tensors(flat, same)):
             g.copy_(reduced)
 
 
-def _tied_aliases(module: torch.nn.Module) -> set[str]:
-    """Parameter names that share storage with an earlier name (e.g. a tied lm_head)."""
+def _tied_aliases(module: torch.nn.Module) -> dict[str, str]:
+    """Each parameter name that shares its tensor with an earlier name -> that earlier name
+    (e.g. a tied ``lm_head.weight`` -> ``model.embed_tokens.weight``)."""
     seen: dict[int, str] = {}
-    aliases = set()
+    aliases = {}
     for name, p in module.named_parameters(remove_duplicate=False):
         if id(p) in seen:
-            aliases.add(name)
+            aliases[name] = seen[id(p)]
         else:
             seen[id(p)] = name
     return aliases

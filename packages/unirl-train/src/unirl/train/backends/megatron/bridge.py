@@ -97,8 +97,11 @@ def make_bridge(hf_config: Any, *, local_spec: bool, overrides: Mapping[str, Any
 
 
 def build_gpt_model(bridge: Any) -> torch.nn.Module:
-    """The GPTModel of this rank (one pipeline stage holding every layer: PP = 1)."""
-    return bridge._model_provider([])(pre_process=True, post_process=True)
+    """The GPTModel of this rank (one pipeline stage holding every layer: PP = 1). Its random
+    initialisation (overwritten by the loaded weights) leaves torch's RNG streams as they were."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        return bridge._model_provider([])(pre_process=True, post_process=True)
 
 
 def load_hf_weights(bridge: Any, model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:

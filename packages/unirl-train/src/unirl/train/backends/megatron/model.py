@@ -4,6 +4,10 @@ The AR pipeline's replay calls ``model(input_ids=, attention_mask=, position_ids
 logits_to_keep=)`` and reads ``.logits``; `MegatronCausalLM` turns the 2-D padding mask into
 megatron-core's boolean ``[B, 1, S, S]`` mask (True = not attended: the future and the padding),
 runs the GPTModel under the configured compute dtype and returns the logits the same way.
+
+Hugging Face embeddings built with ``padding_idx`` (Llama, Qwen2, Qwen3) give the padding token's
+row no gradient from its lookups; megatron-core's embedding has no such notion, so the lookups of
+that token are detached here (its row still learns through a tied output layer, as in HF).
 """
 
 from __future__ import annotations
@@ -18,11 +22,14 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 class MegatronCausalLM(torch.nn.Module):
     """`gpt` (a megatron-core GPTModel, full-vocab output) with a Hugging Face forward."""
 
-    def __init__(self, gpt: torch.nn.Module, hf_config: Any, compute_dtype: torch.dtype) -> None:
+    def __init__(
+        self, gpt: torch.nn.Module, hf_config: Any, compute_dtype: torch.dtype, padding_idx: int | None = None
+    ) -> None:
         super().__init__()
         self.gpt = gpt
         self.config = hf_config
         self.compute_dtype = compute_dtype
+        self.padding_idx = padding_idx
 
     def forward(
         self,
@@ -48,7 +55,19 @@ class MegatronCausalLM(torch.nn.Module):
             else contextlib.nullcontext()
         )
         with ctx:
-            logits = self.gpt(input_ids=input_ids, position_ids=position_ids, attention_mask=mask)
+            embedded = self.gpt.embedding(input_ids=input_ids, position_ids=position_ids)  # [S, B, H]
+            if self.padding_idx is not None:
+                is_pad = (input_ids == self.padding_idx).t()[..., None]
+                if embedded.shape[0] != S:  # sequence parallel: this TP rank's slice of the sequence
+                    from megatron.core import parallel_state as mpu
+
+                    is_pad = is_pad.chunk(mpu.get_tensor_model_parallel_world_size())[
+                        mpu.get_tensor_model_parallel_rank()
+                    ]
+                embedded = torch.where(is_pad, embedded.detach(), embedded)
+            logits = self.gpt(
+                input_ids=input_ids, position_ids=position_ids, attention_mask=mask, decoder_input=embedded
+            )
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
         return CausalLMOutputWithPast(logits=logits)
