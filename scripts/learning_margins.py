@@ -12,7 +12,8 @@ n / mean / sd / min, the test's threshold and the margin (mean - threshold) / sd
 are recorded in docs/benchmarks.md ("Learning-test margins").
 
 PROBE names (default: all): train_diffusion, train_ar (packages/unirl-train/tests/test_learning_*),
-e2e_arith, e2e_shapes (apps/tests/test_e2e_recipes.py: the shared SFT, then NFT and FlowGRPO).
+e2e_arith, e2e_arith_megatron (the same on the megatron backend), e2e_shapes
+(apps/tests/test_e2e_recipes.py: the shared SFT, then NFT and FlowGRPO).
 """
 
 from __future__ import annotations
@@ -111,19 +112,19 @@ def _cli(*argv: str) -> None:
         raise RuntimeError(f"unirl {' '.join(args)} exited {rc}")
 
 
-def probe_e2e_arith(seed: int, threads: int, work: Path) -> dict[str, float]:
+def _arith(recipe: str, prefix: str, seed: int, threads: int, work: Path) -> dict[str, float]:
     mod = _module(E2E)
-    run = work / "arith"
-    _cli(
-        "train",
-        "arithmetic_grpo",
-        *mod.ARITH_SHORT,
-        f"seed={seed}",
-        f"threads={threads}",
-        "--run-dir",
-        str(run),
-    )
-    return {f"arith/{k}": v for k, v in mod.arith_metrics(run).items()}
+    run = work / prefix
+    _cli("train", recipe, *mod.ARITH_SHORT, f"seed={seed}", f"threads={threads}", "--run-dir", str(run))
+    return {f"{prefix}/{k}": v for k, v in mod.arith_metrics(run).items()}
+
+
+def probe_e2e_arith(seed: int, threads: int, work: Path) -> dict[str, float]:
+    return _arith("arithmetic_grpo", "arith", seed, threads, work)
+
+
+def probe_e2e_arith_megatron(seed: int, threads: int, work: Path) -> dict[str, float]:
+    return _arith("arithmetic_grpo_megatron", "arith_megatron", seed, threads, work)
 
 
 def probe_e2e_shapes(seed: int, threads: int, work: Path) -> dict[str, float]:
@@ -148,6 +149,7 @@ PROBES: dict[str, tuple[Callable[[int, int, Path], dict[str, float]], Callable[[
     "train_diffusion": (probe_train_diffusion, thresholds_train_diffusion),
     "train_ar": (probe_train_ar, thresholds_train_ar),
     "e2e_arith": (probe_e2e_arith, thresholds_e2e),
+    "e2e_arith_megatron": (probe_e2e_arith_megatron, thresholds_e2e),
     "e2e_shapes": (probe_e2e_shapes, thresholds_e2e),
 }
 

@@ -33,6 +33,7 @@ FLOWGRPO_SHORT = ("rl.steps=3", "rl.lr=1e-4")  # 3 steps at a small lr: the plum
 # metric -> asserted minimum (each metric's function below; margins in docs/benchmarks.md)
 THRESHOLDS: dict[str, float] = {
     "arith/gain": 0.2,  # held-out reward, untrained -> after SFT + RL
+    "arith_megatron/gain": 0.2,  # the same, the train side on megatron-core
     "sft/gain": 0.25,  # held-out checker score, untrained -> after the shortened SFT
     "shapes_nft/gain": 0.08,  # untrained -> after SFT + 3 NFT steps
     "shapes_flowgrpo/rl_delta": -0.1,  # SFT -> after 3 small FlowGRPO steps: kept, not collapsed
@@ -96,6 +97,18 @@ def test_arithmetic_grpo_short_run_learns(tmp_path: Path) -> None:
     assert len(rl) == 6 and all(abs(r["ratio_mean"] - 1.0) < 1e-3 for r in rl)
     assert "accuracy" in (run / "report.md").read_text()
     json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+
+
+@pytest.mark.slow
+def test_arithmetic_grpo_megatron_short_run_learns(tmp_path: Path) -> None:
+    """The same short run with `backend.kind: megatron`: SFT and GRPO train a megatron-core
+    GPTModel (converted by mbridge), decode runs on the Hugging Face copy synced after each step,
+    and the first update of each RL step is on-policy through that round trip (ratio == 1)."""
+    run = _run(tmp_path, "arithmetic_grpo_megatron", *ARITH_SHORT, "threads=2")
+    _assert_above("arith_megatron/gain", arith_metrics(run)["gain"])
+    rl = [r for r in read_metrics(run / "metrics.jsonl") if r["phase"] == "rl"]
+    assert len(rl) == 6 and all(abs(r["ratio_mean"] - 1.0) < 1e-3 for r in rl)
+    assert "megatron" in (run / "config.yaml").read_text()
 
 
 @pytest.fixture(scope="module")

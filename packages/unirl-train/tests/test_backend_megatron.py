@@ -7,8 +7,8 @@
   loss (1e-6) and gradients (1e-5 relative, per Hugging Face weight), and ratio == 1 on the first
   update (the HF rollout's log-probs replayed through megatron-core);
 - checkpoint state: resume == uninterrupted (weights, AdamW moments, EMA, reference);
-- TP=2 and DP=2 on two gloo ranks equal one rank (loss, gradients); TP=2 checkpoint state loads
-  at TP=1;
+- TP=2 and DP=2 on two gloo ranks equal one rank (loss, gradients); TP=2 checkpoint state (and a
+  sharded checkpoint written at world size 2) loads at TP=1 / world size 1;
 - the config refuses what the backend does not run, naming the field, the value and the fix.
 """
 
@@ -36,7 +36,7 @@ from unirl.types import ARSamplingParams, Sample, TextPrimitive
 pytest.importorskip("megatron.core")
 pytest.importorskip("mbridge")
 
-from unirl.train.backends.megatron import MegatronConfig  # noqa: E402
+from unirl.train.backends.megatron import MegatronConfig
 
 HERE = Path(__file__).resolve().parent
 ADV = [1.0, -1.0, 0.5, -0.5]
@@ -47,8 +47,8 @@ def qwen3() -> torch.nn.Module:
     return CausalLMBundle.tiny_qwen3(seed=0).model
 
 
-def megatron(module: torch.nn.Module, **kw) -> TrainBackend:
-    return MegatronConfig(optimizer=AdamWConfig(lr=kw.pop("lr", 1e-2)), **kw).build(module, "cpu")
+def megatron(module: torch.nn.Module, device: str = "cpu", **kw) -> TrainBackend:
+    return MegatronConfig(optimizer=AdamWConfig(lr=kw.pop("lr", 1e-2)), **kw).build(module, device)
 
 
 class TestMegatronBackendContract(TrainBackendContract):
@@ -102,11 +102,11 @@ def hf_grads(backend) -> dict[str, torch.Tensor]:
         return backend._to_hf({n: p.grad for n, p in backend.trainable.items()})
     return {
         n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
-        for n, p in backend.module.named_parameters(remove_duplicate=False)  # tied names too
+        for n, p in backend.module.named_parameters()  # a tied weight once
     }
 
 
-def grpo_step(backend, micro: int = 2, shard: slice = slice(None)) -> tuple[dict, dict[str, torch.Tensor]]:
+def grpo_step(backend, micro: int = 2, shard: slice = slice(None)) -> tuple[dict, dict[str, torch.Tensor]]:  # fmt: skip
     """One GRPO update of `backend` on `rollout_parts()[shard]`: its metrics and its gradients."""
     bundle = CausalLMBundle.tiny_qwen3(seed=0)
     pipe = ARPipeline(bundle, ARSamplingParams(max_new_tokens=6, temperature=1.0, seed=3))
@@ -184,7 +184,7 @@ def test_resume_equals_uninterrupted() -> None:
     first = megatron(qwen3(), **cfg)
     grpo_step(first)
     state = first.state_dict()
-    assert set(state["model"]) == set(qwen3().state_dict())  # Hugging Face names
+    assert set(state["model"]) == set(qwen3().state_dict()) - {"lm_head.weight"}  # HF names, tied once
     resumed = megatron(qwen3(), **cfg)
     resumed.load_state_dict(state)
     assert resumed.global_step == 1
@@ -212,6 +212,9 @@ def _tp_worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
     shard = backend.trainable["gpt.decoder.layers.0.mlp.linear_fc1.weight"].shape
     metrics, grads = grpo_step(backend)
     state = backend.state_dict()  # collective
+    from unirl.train import checkpoint as ckpt
+
+    ckpt.save_checkpoint(Path(out_dir) / "ckpt-tp2", backend, extra={"cursor": 4}, format="sharded")
     with pytest.raises(ValueError, match="sequence_parallel=True needs Transformer Engine"):
         megatron(qwen3(), tensor_model_parallel_size=2, sequence_parallel=True)  # no TE on CPU
     from megatron.core import parallel_state as mpu
@@ -259,6 +262,51 @@ def test_tensor_and_data_parallel_two_equal_one(tmp_path: Path) -> None:
         torch.testing.assert_close(state["model"][n], v, rtol=0, atol=1e-5)
     for n, v in ref["optimizer"]["exp_avg_sq"].items():
         torch.testing.assert_close(state["optimizer"]["exp_avg_sq"][n], v, rtol=1e-4, atol=1e-12)
+    # and the sharded checkpoint (safetensors, written at world 2 / TP=2) resumes at world 1 / TP=1
+    from unirl.train import checkpoint as ckpt
+
+    fresh = megatron(qwen3())
+    assert ckpt.load_checkpoint(tmp_path / "ckpt-tp2", fresh) == {"cursor": 4}
+    again = fresh.state_dict()
+    assert fresh.global_step == 1
+    for key in ("model",):
+        assert all(torch.equal(again[key][n], two["state"][key][n]) for n in two["state"][key])
+    for k in ("exp_avg", "exp_avg_sq"):
+        assert all(torch.equal(again["optimizer"][k][n], v) for n, v in two["state"]["optimizer"][k].items())
+
+
+# -- CUDA ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_grpo_step_matches_fsdp2() -> None:
+    """On CUDA: fp32 (TF32 off) parity with FSDP2 as on CPU; bf16 compute (the default there)
+    within bf16 rounding of it, on-policy, and the rollout copy synced after the step."""
+    from unirl.train.backends.fsdp import FSDPConfig
+    from unirl.train.precision import PrecisionConfig
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    fp32 = PrecisionConfig(param_dtype="fp32")
+    fsdp = FSDPConfig(optimizer=AdamWConfig(lr=1e-2), precision=fp32).build(qwen3(), "cuda")
+    m_f, g_f = grpo_step(fsdp)
+    m_m, g_m = grpo_step(megatron(qwen3(), "cuda", precision=fp32))
+    assert m_m["loss"] == pytest.approx(m_f["loss"], abs=1e-6)
+    assert m_m["grad_norm"] == pytest.approx(m_f["grad_norm"], rel=1e-5)
+    assert_same_grads(g_m, g_f)
+    backend = megatron(qwen3(), "cuda")
+    assert backend.module.compute_dtype == torch.bfloat16
+    m_b, g_b = grpo_step(backend)
+    assert m_b["ratio_max"] == pytest.approx(1.0, abs=0.05) and m_b["ratio_min"] == pytest.approx(
+        1.0, abs=0.05
+    )
+    assert m_b["grad_norm"] == pytest.approx(m_f["grad_norm"], rel=0.05)
+    assert_same_grads(g_b, g_f, rel=0.1)
+    with backend.gathered():
+        trained = backend.full_state_dict()
+        now = backend.rollout_module.state_dict()
+        assert all(torch.equal(now[n].cpu(), trained[n]) for n in trained)
 
 
 # -- configuration ------------------------------------------------------------------------------

@@ -132,9 +132,4 @@ class RunSettings(BaseModel):
                 f"backend.kind=megatron runs in layout.kind='single' for now (got {self.layout.kind!r}); "
                 "its Ray workers are not built yet: use layout.kind: single, or backend.kind: fsdp"
             )
-        if backend == "megatron" and self.checkpoint_format != "full":
-            raise ValueError(
-                f"backend.kind=megatron writes checkpoint_format='full' (Hugging Face-named, loadable at "
-                f"any tensor-parallel size); got {self.checkpoint_format!r}"
-            )
         return self

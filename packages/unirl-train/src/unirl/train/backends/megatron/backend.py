@@ -16,7 +16,8 @@ summed over data-parallel ranks; tensor-parallel shards count once in the gradie
 sequence parallelism the replicated norm weights' partial gradients are summed over TP ranks.
 
 Checkpoint state is Hugging Face-named and TP-gathered (weights, AdamW moments, EMA, reference),
-so it loads at any tensor-parallel size.
+so it loads at any tensor-parallel size; the `sharded` checkpoint format writes it as safetensors
+(no pickle) and resumes at another world size.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class MegatronBackend(OptimizedBackend):
         module.requires_grad_(False)
         self.rollout_module = module
         self._tied = _tied_aliases(module)  # e.g. lm_head.weight -> model.embed_tokens.weight
-        self._hf_keys = set(module.state_dict())
+        self._hf_keys = set(module.state_dict()) - set(self._tied)  # each tensor once
         self._rollout_version = 0  # the rollout copy holds the weights of this optimizer step
         trainable = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
         self._init_optimization(
@@ -253,11 +254,12 @@ class MegatronBackend(OptimizedBackend):
     # -- checkpoint state -------------------------------------------------------------------
     def _to_hf(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Tensors shaped like the trainable parameters (keyed by their names here) under the Hugging
-        Face names, TP-gathered: swapped into the parameters and exported (collective)."""
+        Face names (a tied weight once), TP-gathered: swapped into the parameters and exported
+        (collective)."""
         if not values:
             return {}
         with swapped_weights(self.trainable, values):
-            return self.full_state_dict()
+            return hf_bridge.export_hf_weights(self.bridge, self.gpt)
 
     def _from_hf(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The inverse of `_to_hf`: this rank's TP shard of each, keyed by parameter name."""
@@ -271,12 +273,17 @@ class MegatronBackend(OptimizedBackend):
 
     def state_dict(self) -> dict[str, Any]:
         """Weights, AdamW moments, EMA and reference under Hugging Face names (TP-gathered, CPU),
-        per-parameter AdamW step counts, scheduler and step (collective)."""
+        per-parameter AdamW step counts, scheduler and step (collective). Every trainable weight
+        has its moments (zeros and step 0 before the first step), so the tree has one shape."""
         names = list(self.trainable)
         opt = self.optimizer.state_dict()
         per_param = {names[i]: s for i, s in opt["state"].items()}
+        for n, p in self.trainable.items():  # before the first step: AdamW's own initial state
+            if n not in per_param:
+                zero = torch.zeros_like(p, memory_format=torch.preserve_format)
+                per_param[n] = {"step": torch.tensor(0.0), "exp_avg": zero, "exp_avg_sq": zero.clone()}
         state: dict[str, Any] = {
-            "model": self.full_state_dict(),
+            "model": hf_bridge.export_hf_weights(self.bridge, self.gpt),
             "optimizer": {
                 "step": {n: s["step"].detach().cpu().clone() for n, s in per_param.items()},
                 **{k: self._to_hf({n: s[k] for n, s in per_param.items()}) for k in _MOMENTS},
@@ -290,6 +297,16 @@ class MegatronBackend(OptimizedBackend):
         if self._reference is not None:
             state["reference"] = self._to_hf(self._reference)
         return state
+
+    def sharded_state_dict(self) -> dict[str, Any]:
+        """The state the `sharded` checkpoint format writes: `state_dict()`, Hugging Face-named and
+        TP-gathered, so a run at another TP size or world size resumes from it. Its tensors are
+        plain (not DTensors): the format writes them once, from rank 0, as safetensors (collective)."""
+        return self.state_dict()
+
+    def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `sharded_state_dict()` output read by the sharded checkpoint format."""
+        self.load_state_dict(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()` output (written at any tensor-parallel size)."""
