@@ -154,6 +154,16 @@ def test_micro_batch_split_does_not_change_the_gradient() -> None:
     assert_same_grads(g1, g4)
 
 
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_recompute_gives_the_same_gradient(recompute: str) -> None:
+    m0, g0 = grpo_step(megatron(qwen3()))
+    backend = megatron(qwen3(), recompute=recompute)
+    assert backend.gpt.config.recompute_granularity == recompute
+    m1, g1 = grpo_step(backend)
+    assert m1["loss"] == pytest.approx(m0["loss"], abs=1e-7)
+    assert_same_grads(g1, g0, rel=1e-6)
+
+
 def test_rollout_copy_follows_the_trained_weights() -> None:
     backend = megatron(qwen3())
     rollout = backend.rollout_module

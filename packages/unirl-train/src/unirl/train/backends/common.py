@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from unirl.train.backends.base import StepStats
 from unirl.train.ema import EMA, EMAConfig, swapped_weights
@@ -58,6 +59,14 @@ class OptimizedBackend:
         return torch.nn.utils.get_total_norm([p.grad for p in params], error_if_nonfinite=False)
 
     # -- identity -------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return dist.get_rank()
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size()
+
     @property
     def global_step(self) -> int:
         """Optimizer steps applied so far (skipped non-finite steps do not count)."""

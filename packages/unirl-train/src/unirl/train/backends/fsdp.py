@@ -117,15 +117,6 @@ class FSDPBackend(OptimizedBackend):
             trainable, config.optimizer, config.scheduler, config.ema, config.reference == "frozen_copy"
         )
 
-    # -- identity -------------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return dist.get_rank()
-
-    @property
-    def world_size(self) -> int:
-        return dist.get_world_size()
-
     # -- training -------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, *, last_micro_batch: bool = True) -> None:
         """Accumulate the gradient of `loss`; with `defer_grad_sync`, ranks sync only on the last."""

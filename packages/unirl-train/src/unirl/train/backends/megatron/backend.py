@@ -140,14 +140,6 @@ class MegatronBackend(OptimizedBackend):
 
     # -- identity ---------------------------------------------------------------------------
     @property
-    def rank(self) -> int:
-        return dist.get_rank()
-
-    @property
-    def world_size(self) -> int:
-        return dist.get_world_size()
-
-    @property
     def tp_size(self) -> int:
         from megatron.core import parallel_state as mpu
 

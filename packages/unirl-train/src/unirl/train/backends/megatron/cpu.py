@@ -1,9 +1,10 @@
 """Running megatron-core on a machine without CUDA (the CPU test tier and the laptop default).
 
 megatron-core's layers are plain torch, but a few of its helpers name the CUDA device outright:
-`torch.cuda.current_device()` for where to allocate (embeddings, RoPE frequencies) and the CUDA
-RNG state tracker that tensor-parallel regions fork. `install()` points the first at the CPU and
-puts a tracker over torch's CPU generator in place of the second; nothing else is changed, so
+`torch.cuda.current_device()` for where to allocate (embeddings, RoPE frequencies), the CUDA
+RNG state tracker that tensor-parallel regions fork, and the CUDA RNG state that activation
+recomputation saves and restores. `install()` points the first at the CPU, puts a tracker over
+torch's CPU generator in place of the second and makes the third an empty state; nothing else is changed, so
 the GPTModel, its tensor-parallel layers and their gloo collectives are megatron-core's own.
 On a CUDA machine it does nothing. megatron-core's optimizers allocate on CUDA too; the backend
 does not use them.
@@ -26,6 +27,10 @@ def install() -> None:
     from megatron.core.tensor_parallel import random as mrandom
 
     torch.cuda.current_device = _cpu_device  # type: ignore[assignment]
+    # activation recomputation saves and restores "all" RNG states: the CPU one (kept) and the
+    # CUDA one (none here)
+    mrandom._get_cuda_rng_state = _no_cuda_rng_state
+    mrandom._set_cuda_rng_state = _ignore_cuda_rng_state
     if isinstance(mrandom._CUDA_RNG_STATE_TRACKER, CPURNGStatesTracker):
         return
 
@@ -37,6 +42,14 @@ def install() -> None:
 
 def _cpu_device() -> torch.device:
     return torch.device("cpu")
+
+
+def _no_cuda_rng_state(*args: object, **kwargs: object) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8)
+
+
+def _ignore_cuda_rng_state(*args: object, **kwargs: object) -> None:
+    return None
 
 
 def _tracker_base() -> type:
