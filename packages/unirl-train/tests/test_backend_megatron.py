@@ -71,6 +71,11 @@ def test_hf_megatron_hf_round_trip_is_bit_exact() -> None:
     out = backend.full_state_dict()
     assert set(out) == set(fresh)
     assert all(torch.equal(out[n], fresh[n]) for n in fresh)
+    stream = backend.named_hf_weights()  # what a weight plane streams: one weight at a time
+    assert not isinstance(stream, dict)
+    streamed = dict(stream)
+    assert set(streamed) == set(fresh) - {"lm_head.weight"}  # a tied weight once
+    assert all(torch.equal(streamed[n], fresh[n]) for n in streamed)
     with torch.no_grad():  # and the megatron-core forward is the Hugging Face one
         torch.testing.assert_close(
             backend.module(input_ids=TOKENS).logits, qwen3()(input_ids=TOKENS).logits, rtol=0, atol=2e-6

@@ -220,25 +220,31 @@ class MegatronBackend(OptimizedBackend):
         yield
 
     def sync_rollout(self) -> None:
-        """Load the trained weights into the rollout copy if it is behind (collective over TP)."""
+        """Load the trained weights into the rollout copy if it is behind (collective over TP),
+        streamed one weight at a time (no full second copy of the model)."""
         if self._rollout_version == self._step:
             return
-        weights = self.full_state_dict()
-        params = dict(self.rollout_module.named_parameters(remove_duplicate=False))
-        missing = set(params) - set(weights)
+        params = dict(self.rollout_module.named_parameters())  # a tied weight once
+        missing = set(params)
+        with torch.no_grad():
+            for name, value in self.named_hf_weights():
+                params[name].copy_(value)
+                missing.discard(name)
         if missing:
             raise RuntimeError(f"megatron export lacks rollout-copy weights, e.g. {sorted(missing)[:3]}")
-        with torch.no_grad():
-            for name, value in weights.items():
-                if name not in self._tied:  # an alias shares its original's storage
-                    params[name].copy_(value)
         self._rollout_version = self._step
+
+    def named_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """`(Hugging Face name, CPU tensor)` of each weight, TP-gathered one at a time (a tied
+        weight once): what a weight plane streams without a full copy (collective: every TP rank
+        iterates in step)."""
+        return hf_bridge.iter_hf_weights(self.bridge, self.gpt)
 
     def full_state_dict(self, merge_lora: bool = True) -> dict[str, torch.Tensor]:
         """Every weight under its Hugging Face name, TP-gathered, on CPU (collective; every rank
         gets the full dict). The keys are the Hugging Face module's state-dict keys: a tied weight
         (``lm_head.weight``) appears under both names, as one tensor."""
-        out = hf_bridge.export_hf_weights(self.bridge, self.gpt)
+        out = dict(self.named_hf_weights())
         for alias, original in self._tied.items():
             out.setdefault(alias, out[original])
         return out

@@ -15,7 +15,7 @@ things are added here, each small:
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -110,8 +110,16 @@ def load_hf_weights(bridge: Any, model: torch.nn.Module, state: Mapping[str, tor
         bridge.load_weights([model], state)
 
 
+def iter_hf_weights(bridge: Any, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(Hugging Face name, CPU copy)` of every weight of `model`, one at a time, TP-gathered
+    (collective over the TP group: every rank iterates in step); at most one gathered weight is
+    alive at a time beyond what the consumer keeps."""
+    with torch.no_grad():
+        for name, t in bridge.export_weights([model]):
+            yield name, t.detach().to("cpu", copy=True)
+
+
 def export_hf_weights(bridge: Any, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every weight of `model` under its Hugging Face name, TP-gathered, as CPU copies (collective
     over the TP group; every rank gets the full dict)."""
-    with torch.no_grad():
-        return {n: t.detach().to("cpu", copy=True) for n, t in bridge.export_weights([model])}
+    return dict(iter_hf_weights(bridge, model))
