@@ -70,18 +70,21 @@ def make_model(tiny: bool, device: torch.device, compile_layers: str = "") -> Ca
 
 
 def make_backend(kind: str, model: torch.nn.Module, device: torch.device, reshard: bool = False) -> object:
-    """Issue 8's optimizer (AdamW lr 1e-6, grad clip 1) on ``kind``: fsdp (FSDP2) or megatron
-    (megatron-core GPTModel; ``model`` stays its rollout copy); bf16 compute on CUDA for both."""
+    """Issue 8's optimizer (AdamW lr 1e-6, grad clip 1) on ``kind``: fsdp (FSDP2), megatron
+    (megatron-core GPTModel, SDPA core attention; ``model`` stays its rollout copy) or
+    megatron-unfused (megatron-core's own unfused attention); bf16 compute on CUDA for all."""
     opt, precision = AdamWConfig(lr=1e-6), PrecisionConfig()
     if kind == "fsdp":
         return FSDPConfig(
             optimizer=opt, grad_clip=1.0, precision=precision, reshard_after_forward=reshard
         ).build(model, device)
-    if kind == "megatron":
+    if kind in ("megatron", "megatron-unfused"):
         from unirl.train.backends.megatron import MegatronConfig
 
-        return MegatronConfig(optimizer=opt, grad_clip=1.0, precision=precision).build(model, device)
-    raise ValueError(f"unknown backend {kind!r}: fsdp or megatron")
+        attention = "unfused" if kind == "megatron-unfused" else "sdpa"
+        cfg = MegatronConfig(optimizer=opt, grad_clip=1.0, precision=precision, attention=attention)
+        return cfg.build(model, device)
+    raise ValueError(f"unknown backend {kind!r}: fsdp, megatron or megatron-unfused")
 
 
 def build(

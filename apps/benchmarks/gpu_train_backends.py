@@ -189,7 +189,10 @@ def run_backend(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--backends", nargs="+", default=["fsdp", "megatron"], help="fsdp | megatron; first = baseline"
+        "--backends",
+        nargs="+",
+        default=["fsdp", "megatron"],
+        help="fsdp | megatron | megatron-unfused; first = baseline",
     )
     ap.add_argument(
         "--decoder", default="graph", help="the rollout's decode loop (gpu_grpo_step.py --decoders)"

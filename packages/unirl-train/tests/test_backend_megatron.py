@@ -106,7 +106,7 @@ def hf_grads(backend) -> dict[str, torch.Tensor]:
     if hasattr(backend, "_to_hf"):  # megatron: swapped into the parameters and exported
         return backend._to_hf({n: p.grad for n, p in backend.trainable.items()})
     return {
-        n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
+        n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().cpu().clone()
         for n, p in backend.module.named_parameters()  # a tied weight once
     }
 
@@ -157,6 +157,17 @@ def test_micro_batch_split_does_not_change_the_gradient() -> None:
     m4, g4 = grpo_step(megatron(qwen3()), micro=4)
     assert m1["loss"] == pytest.approx(m4["loss"], abs=1e-6)
     assert_same_grads(g1, g4)
+
+
+def test_sdpa_attention_equals_megatron_core_unfused() -> None:
+    m0, g0 = grpo_step(megatron(qwen3(), attention="unfused"))
+    backend = megatron(qwen3())  # the default: SDPA
+    from unirl.train.backends.megatron.attention import SDPACoreAttention
+
+    assert isinstance(backend.gpt.decoder.layers[0].self_attention.core_attention, SDPACoreAttention)
+    m1, g1 = grpo_step(backend)
+    assert m1["loss"] == pytest.approx(m0["loss"], abs=1e-7)
+    assert_same_grads(g1, g0, rel=1e-5)
 
 
 @pytest.mark.parametrize("recompute", ["selective", "full"])
@@ -273,8 +284,9 @@ def test_tensor_and_data_parallel_two_equal_one(tmp_path: Path) -> None:
     resumed = megatron(qwen3())
     resumed.load_state_dict(two["state"])
     state, ref = resumed.state_dict(), one.state_dict()
-    for n, v in ref["model"].items():
-        torch.testing.assert_close(state["model"][n], v, rtol=0, atol=1e-5)
+    for n, v in ref["model"].items():  # AdamW's first step is ~lr (1e-2) per entry, m / sqrt(v) of
+        # a near-zero gradient entry amplifies the TP run's float noise: 0.5% of a step allowed
+        torch.testing.assert_close(state["model"][n], v, rtol=0, atol=5e-5)
     for n, v in ref["optimizer"]["exp_avg_sq"].items():
         torch.testing.assert_close(state["optimizer"]["exp_avg_sq"][n], v, rtol=1e-4, atol=1e-12)
     # and the sharded checkpoint (safetensors, written at world 2 / TP=2) resumes at world 1 / TP=1

@@ -61,7 +61,10 @@ class MegatronBackend(OptimizedBackend):
                 f"got {type(module).__name__}"
             )
         self.bridge = hf_bridge.make_bridge(
-            hf_config, local_spec=self._local_spec(config), overrides=self._overrides(config)
+            hf_config,
+            local_spec=self._local_spec(config),
+            overrides=self._overrides(config),
+            sdpa_attention=config.attention == "sdpa",
         )
         gpt = hf_bridge.build_gpt_model(self.bridge).to(self.device)
         hf_bridge.load_hf_weights(self.bridge, gpt, dict(module.state_dict()))

@@ -6,7 +6,8 @@ things are added here, each small:
 
 - the local (pure torch) layer spec when Transformer Engine is not installed: mbridge always
   asks for the TE spec, whose fused LayerNorm+linear parameters are named differently, so the
-  two norm names of the local spec are mapped too;
+  two norm names of the local spec are mapped too; its core attention optionally through torch
+  SDPA (`attention.SDPACoreAttention`);
 - RoPE's base read from ``rope_parameters`` (transformers >= 5 keeps it there) and full-vocab
   logits (``parallel_output=False``) so the pipelines' log-prob code sees the whole vocabulary;
 - weights from an in-memory state dict (the trainer hands over a built module, not a directory).
@@ -44,6 +45,7 @@ class _UnirlBridge:
     """Mixed in before mbridge's per-family bridge class."""
 
     local_spec: bool = False
+    sdpa_attention: bool = False  # the local spec's core attention through torch SDPA
 
     def _get_safetensor_io(self, weights_path: Any) -> Any:
         if isinstance(weights_path, Mapping):
@@ -65,7 +67,13 @@ class _UnirlBridge:
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
         self.has_vp_stage = True
-        return get_gpt_decoder_block_spec(self.config, use_transformer_engine=False, vp_stage=vp_stage)  # type: ignore[attr-defined]
+        spec = get_gpt_decoder_block_spec(self.config, use_transformer_engine=False, vp_stage=vp_stage)  # type: ignore[attr-defined]
+        if self.sdpa_attention:
+            from unirl.train.backends.megatron.attention import SDPACoreAttention
+
+            for layer in spec.layer_specs:
+                layer.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+        return spec
 
     def _weight_name_mapping_mlp(self, name: str) -> list[str]:
         if "pre_mlp_layernorm" in name:  # local spec; TE fuses it into linear_fc1
@@ -78,7 +86,9 @@ class _UnirlBridge:
         return super()._weight_name_mapping_other(name)  # type: ignore[misc]
 
 
-def make_bridge(hf_config: Any, *, local_spec: bool, overrides: Mapping[str, Any]) -> Any:
+def make_bridge(
+    hf_config: Any, *, local_spec: bool, overrides: Mapping[str, Any], sdpa_attention: bool = False
+) -> Any:
     """An mbridge bridge for `hf_config`'s family (fp32 parameters), TransformerConfig `overrides`
     applied; raises with the supported families when mbridge has none for this model type."""
     from mbridge.core.bridge import _MODEL_REGISTRY
@@ -90,7 +100,8 @@ def make_bridge(hf_config: Any, *, local_spec: bool, overrides: Mapping[str, Any
             f"backend.kind=megatron: mbridge has no bridge for model_type={model_type!r}; "
             f"supported: {sorted(_MODEL_REGISTRY)}"
         )
-    cls = type(f"Unirl{family.__name__}", (_UnirlBridge, family), {"local_spec": local_spec})
+    attrs = {"local_spec": local_spec, "sdpa_attention": sdpa_attention}
+    cls = type(f"Unirl{family.__name__}", (_UnirlBridge, family), attrs)
     bridge = cls(hf_config, dtype=torch.float32)
     bridge.set_extra_args(**overrides)
     return bridge

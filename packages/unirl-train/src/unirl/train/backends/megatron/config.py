@@ -58,6 +58,11 @@ class MegatronConfig(BaseModel):
         default="none",
         description="Activation recomputation: 'selective' recomputes core attention, 'full' each layer.",
     )
+    attention: Literal["sdpa", "unfused"] = Field(
+        default="sdpa",
+        description="Core attention of the local spec: torch SDPA (fused kernels on CUDA) or megatron-core's "
+        "unfused DotProductAttention. Transformer Engine's spec uses its own fused attention.",
+    )
     transformer_impl: Literal["auto", "local", "transformer_engine"] = Field(
         default="auto",
         description="megatron-core layer spec: Transformer Engine when importable ('auto'), else the "
