@@ -189,6 +189,21 @@ def profiled(name: str) -> Iterator[None]:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
 
 
+def add_step_args(ap: argparse.ArgumentParser) -> None:
+    """Issue 8's step sizes (``--tiny`` shrinks them: `apply_tiny`)."""
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=512)
+    ap.add_argument("--micro", type=int, default=16)
+    ap.add_argument("--tiny", action="store_true", help="tiny model and sizes (CPU smoke run)")
+
+
+def apply_tiny(args: argparse.Namespace) -> None:
+    if args.tiny:
+        args.prompts, args.group, args.prompt_tokens, args.new_tokens, args.micro = 2, 2, 24, 6, 2
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -197,14 +212,9 @@ def main() -> None:
         default=["graph"],
         help="dynamic | static | graph | compiled | fused, optionally :KV_BUCKET (e.g. graph:128; graph = graph:0, one graph)",
     )
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--prompt-tokens", type=int, default=64)
-    ap.add_argument("--new-tokens", type=int, default=512)
-    ap.add_argument("--micro", type=int, default=16)
+    add_step_args(ap)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per decoder")
-    ap.add_argument("--tiny", action="store_true", help="tiny model and sizes (CPU smoke run)")
     ap.add_argument(
         "--compile", nargs="?", const="regional", default="",
         help="compile the model's modules: regional (the MLPs and RMSNorms; the default) or layers (each decoder layer)",
@@ -219,8 +229,7 @@ def main() -> None:
     )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    if args.tiny:
-        args.prompts, args.group, args.prompt_tokens, args.new_tokens, args.micro = 2, 2, 24, 6, 2
+    apply_tiny(args)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     _timed_decoder()
     bundle, backend = build(args.tiny, device, args.compile, args.reshard)

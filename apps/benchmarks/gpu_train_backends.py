@@ -45,7 +45,15 @@ import time
 import torch
 
 # the script's folder is on sys.path when it runs as a script
-from gpu_grpo_step import make_backend, make_model, make_samples, profiled, random_advantages
+from gpu_grpo_step import (
+    add_step_args,
+    apply_tiny,
+    make_backend,
+    make_model,
+    make_samples,
+    profiled,
+    random_advantages,
+)
 
 from unirl.rollout.ar import ARPipeline
 from unirl.rollout.engines import TrainsideEngine
@@ -197,20 +205,14 @@ def main() -> None:
     ap.add_argument(
         "--decoder", default="graph", help="the rollout's decode loop (gpu_grpo_step.py --decoders)"
     )
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--prompt-tokens", type=int, default=64)
-    ap.add_argument("--new-tokens", type=int, default=512)
-    ap.add_argument("--micro", type=int, default=16)
+    add_step_args(ap)
     ap.add_argument("--steps", type=int, default=3, help="timed train steps per backend (after 1 warm-up)")
-    ap.add_argument("--tiny", action="store_true", help="tiny model and sizes (CPU smoke run)")
     ap.add_argument(
         "--profile", action="store_true", help="print the top CUDA kernels of one more step per backend"
     )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    if args.tiny:
-        args.prompts, args.group, args.prompt_tokens, args.new_tokens, args.micro = 2, 2, 24, 6, 2
+    apply_tiny(args)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     params = ARSamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, stop_token_ids=[], seed=0)
     parts, fp, rollout_s = rollout(args, device, params)
