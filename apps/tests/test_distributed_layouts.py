@@ -55,8 +55,15 @@ def tiny_recipe(*overrides: str) -> ARLayoutRecipe:
     return validate(ARLayoutRecipe, data)
 
 
-def test_colocate_rollout_weights_follow_every_sync(ray_cluster: Any, tmp_path: Path) -> None:
-    recipe = tiny_recipe("layout.placement=colocate", "layout.sync=buckets")
+MEGATRON = ("backend.kind=megatron", "backend.optimizer.lr=3e-3")  # a new kind starts the section afresh
+
+
+@pytest.mark.parametrize("backend", [(), MEGATRON], ids=["fsdp", "megatron"])
+def test_colocate_rollout_weights_follow_every_sync(ray_cluster: Any, tmp_path: Path, backend: tuple) -> None:
+    """The same with either train backend: megatron-core's ranks are data parallel here and send
+    Hugging Face-named weights, so the rollout copy and the checks are unchanged."""
+    recipe = tiny_recipe("layout.placement=colocate", "layout.sync=buckets", *backend)
+    assert recipe.backend.kind == ("megatron" if backend else "fsdp")
     rd = RunDir(tmp_path / "run", recipe.model_dump(mode="json"), tensorboard=False)
     driver = DistributedRL(recipe, rd, ARTrainer, recipe.layout)
     try:

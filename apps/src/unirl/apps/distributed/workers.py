@@ -1,9 +1,10 @@
 """The two worker roles of the Ray layout, both built from the same Recipe as the single-process run.
 
 - :class:`TrainWorker`: one data-parallel rank. It builds the domain trainer (``ARTrainer`` /
-  ``DiffusionTrainer``) inside the Remote's torch.distributed group, so its FSDP2 backend spans
-  every train rank; it trains the shard the driver scatters to it and sends weights (rank 0 is
-  the weight-plane source; the other ranks take part in the DTensor gathers).
+  ``DiffusionTrainer``) inside the Remote's torch.distributed group, so its backend (FSDP2, or
+  megatron-core with every rank data parallel) spans every train rank; it trains the shard the
+  driver scatters to it and sends weights (rank 0 is the weight-plane source; the other ranks
+  take part in the gathers).
 - :class:`RolloutWorker`: a trainside copy of the domain pipeline (bundle + pipeline + engine, no
   optimizer) that samples and receives the trained weights through the weight plane. With
   ``rollout.engine.kind: vllm`` its subclass ``VLLMRolloutWorker`` (vllm_rollout.py) samples with
@@ -37,15 +38,35 @@ from unirl.train.checkpoint import load_checkpoint, save_checkpoint
 from unirl.train.stack import TrainStack
 from unirl.types import Part, Sample
 
-__all__ = ["RolloutWorker", "TrainWorker", "build_rollout", "make_weight_sync", "weights_checksum"]
+__all__ = [
+    "RolloutWorker",
+    "TrainWorker",
+    "build_rollout",
+    "make_weight_sync",
+    "policy_tensors",
+    "weights_checksum",
+]
 
 
-def weights_checksum(module: torch.nn.Module) -> str:
-    """BLAKE2b over (name, full tensor) of every parameter; a collective for FSDP2 DTensors."""
+def weights_checksum(module: torch.nn.Module | list[tuple[str, torch.Tensor]]) -> str:
+    """BLAKE2b over (name, full tensor) of every parameter of `module` (or of the named tensors
+    given), in order; a collective for FSDP2 DTensors."""
+    named = module.named_parameters() if isinstance(module, torch.nn.Module) else module
     c = Checksum()
-    for name, p in module.named_parameters():
+    for name, p in named:
         c.update(name, full_tensor(p.detach()).cpu())
     return c.hexdigest()
+
+
+def policy_tensors(backend: Any) -> list[tuple[str, torch.Tensor]]:
+    """The trained policy's parameters under the rollout copy's names, in its parameter order:
+    the module's own for FSDP2 (DTensors; the sync gathers them), the Hugging Face-named,
+    TP-gathered export for megatron (collective)."""
+    export = getattr(backend, "named_hf_weights", None)
+    if export is None:
+        return list(backend.module.named_parameters())
+    weights = dict(export())
+    return [(n, weights[n]) for n, _ in backend.rollout_module.named_parameters()]
 
 
 def make_weight_sync(kind: str, *, name: str, is_source: bool, group: Any = None) -> WeightSync:
@@ -140,8 +161,8 @@ class TrainWorker:
         """``sync.send`` of the policy (EMA weights when the rollout samples with the EMA)."""
         if self.trainer.ema_rollout:
             with self.backend.ema_weights():
-                return sync.send(list(self.backend.module.named_parameters()), version)
-        return sync.send(list(self.backend.module.named_parameters()), version)
+                return sync.send(policy_tensors(self.backend), version)
+        return sync.send(policy_tensors(self.backend), version)
 
     def push(self, version: int) -> SyncTicket:
         """Send every policy parameter as ``version`` (LoRA: base weights and adapters)."""
@@ -164,8 +185,8 @@ class TrainWorker:
         """Checksum of the policy the rollout should now hold (collective: call on every rank)."""
         if self.trainer.ema_rollout:
             with self.backend.ema_weights():
-                return weights_checksum(self.backend.module)
-        return weights_checksum(self.backend.module)
+                return weights_checksum(policy_tensors(self.backend))
+        return weights_checksum(policy_tensors(self.backend))
 
     def full_state_dict(self, merge_lora: bool = True) -> dict[str, torch.Tensor]:
         """Full CPU weights on rank 0, {} elsewhere (collective); ``merge_lora=False`` keeps peft's

@@ -126,10 +126,10 @@ class RunSettings(BaseModel):
                 f"rl.algorithm.kl_coef={kl} needs a reference policy, but backend.reference='none': set "
                 "backend.reference=frozen_copy (the policy RL starts from) or lora_base, or kl_coef=0"
             )
-        backend = getattr(getattr(self, "backend", None), "kind", "fsdp")
-        if backend == "megatron" and self.layout.kind != "single":
+        tp = getattr(getattr(self, "backend", None), "tensor_model_parallel_size", 1)
+        if tp > 1 and self.layout.kind == "ray":
             raise ValueError(
-                f"backend.kind=megatron runs in layout.kind='single' for now (got {self.layout.kind!r}); "
-                "its Ray workers are not built yet: use layout.kind: single, or backend.kind: fsdp"
+                f"backend.tensor_model_parallel_size={tp} with layout.kind='ray': the Ray train workers are "
+                "data-parallel ranks only for now (each gets its own shard); use tensor_model_parallel_size: 1"
             )
         return self
