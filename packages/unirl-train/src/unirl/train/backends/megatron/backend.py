@@ -12,8 +12,10 @@ built from stays as the rollout copy: `gathered()` (the trainside sampling conte
 the trained weights into it when it is behind, so KV-cached decode runs on Hugging Face code.
 
 Gradients: losses are already divided by global, rank-summed BatchTotals, so gradients are
-summed over data-parallel ranks; tensor-parallel shards count once in the gradient norm; with
-sequence parallelism the replicated norm weights' partial gradients are summed over TP ranks.
+summed over data-parallel ranks; tensor-parallel shards count once in the gradient norm; the
+replicated weights whose gradient each TP rank holds only a part of (the per-head QK norms, and
+the norms under sequence parallelism) are summed over the TP ranks, as megatron-core's
+finalize_model_grads does.
 
 Checkpoint state is Hugging Face-named and TP-gathered (weights, AdamW moments, EMA, reference),
 so it loads at any tensor-parallel size; the `sharded` checkpoint format writes it as safetensors
