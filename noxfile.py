@@ -36,6 +36,12 @@ DIST_TO_PATH = {
 # the 107-byte AF_UNIX limit, so Ray gets a short one (one per parallel stream of scripts/run_suite.py).
 RAY_TMPDIR = os.environ.get("UNIRL_RAY_TMPDIR", "/tmp/unirl-ray")
 PYTEST_ARGS = ["-m", "not gpu and not vllm", "-q", "-p", "no:cacheprovider"]
+# Let every test process write the bytecode of what it imports into the session's environment:
+# with PYTHONDONTWRITEBYTECODE set (as on this project's CI machines) each process -- every Ray
+# worker, every spawned rank, every subprocess test -- compiled torch, transformers and
+# megatron-core from source again (measured: a Ray layout test took 25-31 s that way, 13 s with
+# the bytecode kept; docs/benchmarks.md, "Suite time").
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def _constraints(session: nox.Session) -> list[str]:
