@@ -189,6 +189,13 @@ def profiled(name: str) -> Iterator[None]:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
 
 
+def write_json(path: str, args: argparse.Namespace, device: torch.device, **fields: object) -> None:
+    """The run's arguments, device name and `fields` as JSON at `path`."""
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    with open(path, "w") as f:
+        json.dump({"args": vars(args), "device": name, **fields}, f, indent=2)
+
+
 def add_step_args(ap: argparse.ArgumentParser) -> None:
     """Issue 8's step sizes (``--tiny`` shrinks them: `apply_tiny`)."""
     ap.add_argument("--prompts", type=int, default=8)
@@ -263,9 +270,7 @@ def main() -> None:
               f"{r['peak_mem_gib']:9.1f} {r['step_s_min']:6.3f}-{r['step_s_max']:.3f} {r['ratio_dev']:10.2e} "
               f"{base['step_s'] / r['step_s']:13.2f}x")  # fmt: skip
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                       "results": results}, f, indent=2)  # fmt: skip
+        write_json(args.json, args, device, results=results)
 
 
 if __name__ == "__main__":

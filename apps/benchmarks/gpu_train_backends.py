@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
 import statistics
 import time
 
@@ -53,6 +52,7 @@ from gpu_grpo_step import (
     make_samples,
     profiled,
     random_advantages,
+    write_json,
 )
 
 from unirl.rollout.ar import ARPipeline
@@ -238,9 +238,7 @@ def main() -> None:
               f"{r['tokens_per_s']:8.0f} {100 * r['mfu']:5.1f}% {r['first_ratio_dev']:10.2e} {r['first_loss']:10.2e} "
               f"{r['first_grad_norm']:9.5f} {r['logp_maxdiff_vs_base']:10.2e} {r['speed_vs_base']:13.2f}x")  # fmt: skip
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                       "rollout_s": rollout_s, "results": results}, f, indent=2)  # fmt: skip
+        write_json(args.json, args, device, rollout_s=rollout_s, results=results)
 
 
 if __name__ == "__main__":
