@@ -262,7 +262,7 @@ class MegatronBackend(OptimizedBackend):
         if not values:
             return {}
         with swapped_weights(self.trainable, values):
-            return hf_bridge.export_hf_weights(self.bridge, self.gpt)
+            return dict(self.named_hf_weights())
 
     def _from_hf(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The inverse of `_to_hf`: this rank's TP shard of each, keyed by parameter name."""
@@ -286,7 +286,7 @@ class MegatronBackend(OptimizedBackend):
                 zero = torch.zeros_like(p, memory_format=torch.preserve_format)
                 per_param[n] = {"step": torch.tensor(0.0), "exp_avg": zero, "exp_avg_sq": zero.clone()}
         state: dict[str, Any] = {
-            "model": hf_bridge.export_hf_weights(self.bridge, self.gpt),
+            "model": dict(self.named_hf_weights()),
             "optimizer": {
                 "step": {n: s["step"].detach().cpu().clone() for n, s in per_param.items()},
                 **{k: self._to_hf({n: s[k] for n, s in per_param.items()}) for k in _MOMENTS},

@@ -128,9 +128,3 @@ def iter_hf_weights(bridge: Any, model: torch.nn.Module) -> Iterator[tuple[str, 
     with torch.no_grad():
         for name, t in bridge.export_weights([model]):
             yield name, t.detach().to("cpu", copy=True)
-
-
-def export_hf_weights(bridge: Any, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every weight of `model` under its Hugging Face name, TP-gathered, as CPU copies (collective
-    over the TP group; every rank gets the full dict)."""
-    return dict(iter_hf_weights(bridge, model))
