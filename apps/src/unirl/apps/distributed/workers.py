@@ -42,6 +42,7 @@ __all__ = [
     "RolloutWorker",
     "TrainWorker",
     "build_rollout",
+    "rollout_module",
     "make_weight_sync",
     "policy_tensors",
     "weights_checksum",
@@ -227,6 +228,19 @@ def build_rollout(recipe: Any, stage: str, device: torch.device) -> tuple[Any, A
     raise ValueError(f"recipe trainer={recipe.trainer!r} has no rollout worker (known: 'ar', 'diffusion')")
 
 
+def rollout_module(recipe: Any, stage: str, device: torch.device) -> tuple[Any, Any, torch.nn.Module]:
+    """``build_rollout`` made a rollout-only copy of the trained policy: the trainer's LoRA
+    adapters injected unmerged (same names, same forward) and no gradients."""
+    bundle, pipeline, module = build_rollout(recipe, stage, device)
+    lora = getattr(recipe.backend, "lora", None)
+    if lora is not None:
+        from unirl.train.lora import inject_lora
+
+        inject_lora(module, lora)  # in place: the pipeline holds the same module
+    module.requires_grad_(False)
+    return bundle, pipeline, module
+
+
 class RolloutWorker:
     """A trainside pipeline copy that samples and receives weights through the weight plane."""
 
@@ -236,13 +250,8 @@ class RolloutWorker:
         self.info = info
         torch.set_num_threads(threads)
         torch.manual_seed(recipe.seed + 1_000 * (info.rank + 1))
-        self.bundle, self.pipeline, self.module = build_rollout(recipe, stage, pick_device(recipe.device))
+        self.bundle, self.pipeline, self.module = rollout_module(recipe, stage, pick_device(recipe.device))
         lora = getattr(recipe.backend, "lora", None)
-        if lora is not None:  # the trainer's adapters, unmerged: same names, same forward
-            from unirl.train.lora import inject_lora
-
-            inject_lora(self.module, lora)  # in place: the pipeline holds the same module
-        self.module.requires_grad_(False)
         self.engine = TrainsideEngine(self.pipeline, weight_version=0)
         self.params = dict(self.module.named_parameters())
         self.adapters = {n for n in self.params if is_adapter(n)}

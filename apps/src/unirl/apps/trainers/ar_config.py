@@ -89,4 +89,9 @@ class Recipe(RunSettings):
                 "rollout.engine.kind='vllm' with backend.lora is not supported yet (the engine loads "
                 "merged full weights under the model's own names); drop backend.lora or use kind='trainside'"
             )
+        if self.rl is not None and self.rl.lifecycle == "async" and self.rollout.engine.kind != "trainside":
+            raise ValueError(
+                f"rl.lifecycle='async' with rollout.engine.kind={self.rollout.engine.kind!r} is not "
+                "supported yet (the async rollout thread samples with a trainside copy); use kind='trainside'"
+            )
         return self

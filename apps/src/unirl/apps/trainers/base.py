@@ -8,6 +8,7 @@ The RL step itself reads top to bottom: prompts -> rollout -> reward -> advantag
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -23,7 +24,8 @@ from unirl.apps.plots import plot_eval_curve, plot_metrics
 from unirl.apps.progress import PhaseProgress
 from unirl.apps.report import write_report
 from unirl.apps.run_dir import RunDir, read_metrics
-from unirl.train.checkpoint import load_checkpoint, save_checkpoint
+from unirl.apps.run_state import capture, restore
+from unirl.train.checkpoint import load_checkpoint, read_checkpoint_file, save_checkpoint
 from unirl.train.geometry import BatchGeometry
 from unirl.train.stack import TrainStack
 from unirl.types import Part, Reward, Sample, compute_sample_advantages
@@ -31,6 +33,8 @@ from unirl.types import Part, Reward, Sample, compute_sample_advantages
 log = logging.getLogger("unirl")
 SFT_PROBE_SEED = 104_729
 """Seed of the fixed training-prompt subset `sft.stop` probes (independent of the run's seed)."""
+ASYNC_BUFFER_FILE = "async_buffer.bin"
+"""The async lifecycle's buffered Samples in a checkpoint (unirl's pickle-free binary form)."""
 
 
 def pick_device(name: str) -> torch.device:
@@ -63,6 +67,8 @@ class Trainer:
         if recipe.threads:
             torch.set_num_threads(recipe.threads)
         torch.manual_seed(recipe.seed)
+        random.seed(recipe.seed)  # the global RNGs too: a resumed run restores them (run_state)
+        np.random.seed(recipe.seed)
         self.device = pick_device(recipe.device)
         self.rl_step = 0
         self.sft_step = 0  # the data cursor: SFT and RL batches are pure functions of (seed, step)
@@ -74,6 +80,10 @@ class Trainer:
         self.eval_outcomes: dict[str, dict[str, list[float]]] = {}  # name -> prompt -> solved per sample
         self.timings: dict[str, float] = {}
         self.grids: list[str] = []
+        self.rl_started: float | None = None  # while RL runs: when it (re)started
+        self.checkpoint_rows: int | None = 0  # metrics rows the checkpoint resumed from had logged
+        self.async_source: Any = None  # the async lifecycle's rollout thread + buffer, during RL
+        self.async_state: tuple[dict[str, Any], bytes] | None = None  # its buffer, from a checkpoint
 
     # ---- domain hooks -------------------------------------------------------------------------
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:
@@ -90,6 +100,15 @@ class Trainer:
         """How different one prompt's samples are (the mean over prompts is the evaluation's
         ``diversity``: a policy that narrows shows it falling); None where the domain has none."""
         return None
+
+    def rollout_copy(self) -> tuple[Any, torch.nn.Module]:
+        """(pipeline, trainable module) of a second, rollout-only copy of the policy: the async
+        lifecycle's rollout thread samples with it while the trainer trains the original."""
+        from unirl.apps.distributed.workers import rollout_module
+
+        with torch.random.fork_rng(devices=[]):  # building it must not move the run's RNG
+            _, pipeline, module = rollout_module(self.cfg, self.stage, self.device)
+        return pipeline, module
 
     def shape_rewards(self, parts: list[Part]) -> None:
         """Reward shaping before advantages (e.g. DAPO's overlong penalty); none by default."""
@@ -191,30 +210,55 @@ class Trainer:
         # a fresh optimizer / KL reference only when RL starts; a resumed run keeps its checkpointed ones
         train_step = self.begin_phase("rl", starting=self.rl_step == 0)
         train = self.data.train_records()
+        if phase.lifecycle == "async":  # a rollout thread fills a buffer; see unirl.apps.asynchronous
+            from unirl.apps.asynchronous.source import AsyncSource, fault_point
+
+            self.async_source = AsyncSource(self, phase, train, self.async_state)
         t0 = time.time()
-        with PhaseProgress("rl", phase.steps - self.rl_step) as bar:
-            while self.rl_step < phase.steps and not stop.stop:
-                step = self.rl_step
-                samples, extra = self.collect(phase, train, step)
-                m = train_step([s.part(self.stage) for s in samples])
-                m |= self.after_train_step()
-                rewards = [s.part(self.stage).reward.total for s in samples]
-                m |= {"reward_mean": float(np.mean(rewards)), "reward_std": float(np.std(rewards)), **extra}
-                self.run.log(step, m, phase="rl")
-                bar.advance(reward=m["reward_mean"], loss=m.get("loss", float("nan")))
-                self.rl_step += 1
-                if (
-                    self.cfg.eval.every
-                    and self.rl_step % self.cfg.eval.every == 0
-                    and self.rl_step < phase.steps
-                ):
-                    self.evaluate(f"rl@{self.rl_step}", step=self.rl_step)
-                if self.cfg.checkpoint_every and self.rl_step % self.cfg.checkpoint_every == 0:
-                    self.save()
+        try:
+            with PhaseProgress("rl", phase.steps - self.rl_step) as bar:
+                while self.rl_step < phase.steps and not stop.stop:
+                    step = self.rl_step
+                    src = self.async_source
+                    samples, extra = src.next(step) if src else self.collect(phase, train, step)
+                    if src:
+                        fault_point("train", step)
+                    m = train_step([s.part(self.stage) for s in samples])
+                    m |= self.after_train_step()
+                    if src:
+                        src.publish(step + 1)
+                    rewards = [s.part(self.stage).reward.total for s in samples]
+                    m |= {
+                        "reward_mean": float(np.mean(rewards)),
+                        "reward_std": float(np.std(rewards)),
+                        **extra,
+                    }
+                    self.run.log(step, m, phase="rl")
+                    bar.advance(reward=m["reward_mean"], loss=m.get("loss", float("nan")))
+                    self.rl_step += 1
+                    if (
+                        self.cfg.eval.every
+                        and self.rl_step % self.cfg.eval.every == 0
+                        and self.rl_step < phase.steps
+                    ):
+                        self.evaluate(f"rl@{self.rl_step}", step=self.rl_step)
+                    if self.cfg.checkpoint_every and self.rl_step % self.cfg.checkpoint_every == 0:
+                        self.save()
+        finally:
+            if self.async_source is not None:
+                self.async_source.close()
         self._timed("rl", t0)
 
-    def collect(self, phase: Any, train: list[Any], step: int) -> tuple[list[Sample], dict[str, float]]:
+    def collect(
+        self,
+        phase: Any,
+        train: list[Any],
+        step: int,
+        rollout: Callable[[list[Sample], int], list[Sample]] | None = None,
+    ) -> tuple[list[Sample], dict[str, float]]:
         """prompts -> rollout -> reward (+ shaping) -> advantages, for one RL step.
+
+        ``rollout``: who samples (default ``self.rollout``; the async lifecycle's rollout copy).
 
         With dynamic sampling, groups whose rewards are all equal carry no signal: they are
         dropped and refilled by extra rollout rounds (at most ``max_extra_rollouts``); if still
@@ -229,7 +273,7 @@ class Trainer:
                 records, step=step, samples_per_prompt=phase.samples_per_prompt, split="train",
                 dataset=self.data.name, tag=f"r{rounds}" if rounds else "",
             )  # fmt: skip
-            batch = self.rollout(batch, step)
+            batch = (rollout or self.rollout)(batch, step)
             self.reward.score_samples(batch, self.stage)
             self.shape_rewards([s.part(self.stage) for s in batch])
             groups: dict[str, list[Sample]] = {}
@@ -309,21 +353,32 @@ class Trainer:
         return m
 
     # ---- checkpoints --------------------------------------------------------------------------
-    def cursor(self) -> dict[str, int]:
-        """Where the run is: saved with every checkpoint, restored on resume."""
-        return {"sft_step": self.sft_step, "rl_step": self.rl_step, "sft_done": int(self.sft_done)}
+    def cursor(self) -> dict[str, Any]:
+        """Where the run is: saved with every checkpoint, restored on resume. Beside the data cursor,
+        the run's state as JSON (``run_state``): report history, metrics rows, global RNGs."""
+        return {
+            "sft_step": self.sft_step,
+            "rl_step": self.rl_step,
+            "sft_done": int(self.sft_done),
+            **capture(self),
+        }
 
     def restore_cursor(self, extra: dict[str, Any]) -> None:
         self.sft_step, self.rl_step = int(extra.get("sft_step", 0)), int(extra.get("rl_step", 0))
         self.sft_done = bool(extra.get("sft_done", False))
+        restore(self, extra)
         log.info("resumed at rl step %d (sft step %d)", self.rl_step, self.sft_step)
 
     def save(self) -> None:
+        extra, files = self.cursor(), {}
+        if self.async_source is not None:  # the buffer's batches not yet trained, and its cursor
+            extra["async"], files[ASYNC_BUFFER_FILE] = self.async_source.checkpoint_state()
         save_checkpoint(
             self.run.checkpoints / "latest",
             self.backend,
-            extra=self.cursor(),
+            extra=extra,
             format=self.cfg.checkpoint_format,
+            files=files,
         )
 
     def resume(self) -> bool:
@@ -331,12 +386,20 @@ class Trainer:
         if ckpt is None:
             return False
         log.info("resuming from %s", ckpt)
-        self.restore_cursor(load_checkpoint(ckpt, self.backend))
+        extra = load_checkpoint(ckpt, self.backend)
+        self.restore_cursor(extra)
+        if "async" in extra:
+            self.async_state = (extra["async"], read_checkpoint_file(ckpt, ASYNC_BUFFER_FILE) or b"")
         return True
 
     # ---- the whole run ------------------------------------------------------------------------
     def run_all(self, mode: str, stop: StopFlag) -> None:
         resumed = self.resume()
+        if mode != "eval" and self.checkpoint_rows is not None:
+            # the steps and evaluations logged after the checkpoint run (and are logged) again
+            dropped = self.run.truncate(self.checkpoint_rows)
+            if dropped:
+                log.info("dropped %d metrics rows logged after the checkpoint", dropped)
         if mode == "eval":
             self.evaluate("eval", step=self.rl_step, grid=True)
             return
@@ -352,7 +415,11 @@ class Trainer:
         elif not resumed:
             self.evaluate("init", step=0, grid=True)
         if mode == "train" and not stop.stop:
-            self.rl(stop)
+            self.rl_started = time.time()
+            try:
+                self.rl(stop)
+            finally:
+                self.rl_started = None
             if self.cfg.rl is not None and self.cfg.rl.steps:
                 self.evaluate("rl", step=self.rl_step, grid=True)
         self.save()
@@ -421,7 +488,7 @@ def run_trainer(
             evals=trainer.evals,
             outcomes=trainer.eval_outcomes,
             timings=trainer.timings,
-            images=trainer.grids,
+            images=list(dict.fromkeys(trainer.grids)),  # an evaluation run again saves the same file
             notes=["stopped early by the user (checkpoint saved)"] if stop.stop else None,
         )
         log.info("report: %s", report)

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from unirl.apps.asynchronous.config import AsyncConfig
 from unirl.apps.distributed.layout import LayoutConfig
 from unirl.train.algorithms import AlgorithmConfig
 from unirl.train.geometry import BatchGeometry
@@ -76,6 +77,15 @@ class RLPhase(BaseModel):
         "RL's steps for hundreds of steps. Applied once, when RL starts at step 0 (not on resume).",
     )
 
+    lifecycle: Literal["sync", "async"] = Field(
+        default="sync",
+        description="sync: each step samples with the latest weights, then trains; async: a rollout "
+        "thread samples with a copy of the policy while the trainer trains, within `buffer`'s bounds",
+    )
+    buffer: AsyncConfig = Field(
+        default_factory=AsyncConfig, description="async only: staleness bound and buffer capacity"
+    )
+
     @model_validator(mode="after")
     def _shard(self) -> RLPhase:
         self.geometry.check_shard(self.prompts_per_step * self.samples_per_prompt)
@@ -125,6 +135,11 @@ class RunSettings(BaseModel):
             raise ValueError(
                 f"rl.algorithm.kl_coef={kl} needs a reference policy, but backend.reference='none': set "
                 "backend.reference=frozen_copy (the policy RL starts from) or lora_base, or kl_coef=0"
+            )
+        if rl is not None and rl.lifecycle == "async" and self.layout.kind == "ray":
+            raise ValueError(
+                "rl.lifecycle='async' with layout.kind='ray' is not supported yet: the async rollout "
+                "thread runs beside the trainer in one process; use layout.kind=single"
             )
         tp = getattr(getattr(self, "backend", None), "tensor_model_parallel_size", 1)
         if tp > 1 and self.layout.kind == "ray":

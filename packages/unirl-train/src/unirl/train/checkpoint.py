@@ -8,6 +8,7 @@ Two formats, chosen at save time (``format=``) and recognised at load time from 
     state.pt         backend.state_dict() (full, CPU; written by rank 0)
     rng-<rank>.pt    torch / CUDA / numpy / python RNG states of each rank
     extra.json       the caller's JSON-serialisable extra state (data cursor, weight version, ...)
+    files/<name>     the caller's extra files (bytes it encoded itself, e.g. buffered Samples)
 
   Loaded with `torch.load(weights_only=True)` (a restricted unpickler: tensors and plain
   containers only) and `json`; resumable only with the same world size.
@@ -82,10 +83,13 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     *,
     format: CheckpointFormat = "full",
+    files: dict[str, bytes] | None = None,
 ) -> Path:
     """Write a checkpoint of `backend` (+ RNG, + `extra`) atomically to `directory` (collective).
 
-    ``format="sharded"`` needs a backend with ``sharded_state_dict`` (FSDPBackend)."""
+    ``format="sharded"`` needs a backend with ``sharded_state_dict`` (FSDPBackend). ``files``
+    (rank 0's): extra files saved in the same atomic checkpoint, read back with
+    :func:`read_checkpoint_file`; their bytes are never unpickled here."""
     if format not in ("full", "sharded"):
         raise ValueError(f"checkpoint format={format!r} is not one of 'full', 'sharded'")
     final = Path(directory)
@@ -96,9 +100,12 @@ def save_checkpoint(
         raise TypeError(
             f"save_checkpoint extra must be JSON-serialisable (ints, floats, strings, lists, dicts): {e}"
         ) from e
+    for name in files or {}:
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"checkpoint file name {name!r} must be a plain file name")
     tmp = final.with_name(f"{final.name}.tmp-{backend.global_step}")
     if format == "sharded":
-        return _save_sharded(final, tmp, backend, extra_text)
+        return _save_sharded(final, tmp, backend, extra_text, files or {})
     state = backend.state_dict()  # collective: every rank takes part
     rank = backend.rank
     if rank == 0:
@@ -110,6 +117,7 @@ def save_checkpoint(
     if rank == 0:
         torch.save(state, tmp / "state.pt")
         (tmp / "extra.json").write_text(extra_text)
+        _write_files(tmp, files or {})
         meta = {
             "format_version": FORMAT_VERSION,
             "global_step": backend.global_step,
@@ -123,7 +131,22 @@ def save_checkpoint(
     return final
 
 
-def _save_sharded(final: Path, tmp: Path, backend: TrainBackend, extra_text: str) -> Path:
+def _write_files(tmp: Path, files: dict[str, bytes]) -> None:
+    if files:
+        (tmp / "files").mkdir()
+    for name, data in files.items():
+        (tmp / "files" / name).write_bytes(data)
+
+
+def read_checkpoint_file(directory: str | os.PathLike[str], name: str) -> bytes | None:
+    """An extra file saved with ``save_checkpoint(files=...)``, or None if it has none by that name."""
+    path = Path(directory) / "files" / name
+    return path.read_bytes() if path.is_file() else None
+
+
+def _save_sharded(
+    final: Path, tmp: Path, backend: TrainBackend, extra_text: str, files: dict[str, bytes]
+) -> Path:
     state_fn = getattr(backend, "sharded_state_dict", None)
     if state_fn is None:
         raise ValueError(
@@ -142,6 +165,7 @@ def _save_sharded(final: Path, tmp: Path, backend: TrainBackend, extra_text: str
         try:
             (tmp / "index.json").write_text(json.dumps(index))
             (tmp / "extra.json").write_text(extra_text)
+            _write_files(tmp, files)
             meta = {
                 "format_version": SHARDED_FORMAT_VERSION,
                 "format": "sharded",

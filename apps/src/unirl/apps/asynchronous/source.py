@@ -1,0 +1,119 @@
+"""``AsyncSource``: where ``Trainer.rl`` gets its batches in the asynchronous lifecycle.
+
+A rollout thread runs the trainer's own ``collect`` (prompts -> rollout -> reward -> shaping ->
+advantages, dynamic sampling included) with a rollout copy of the policy, slot after slot, into
+the ``SampleBuffer``. The trainer ``take``s a batch per RL step and, after the step, ``publish``es
+the new policy. With ``max_staleness: 0`` every batch is sampled with the latest weights and the
+run is the synchronous one, step for step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from unirl.apps.asynchronous.buffer import Batch, SampleBuffer
+from unirl.apps.asynchronous.mailbox import RolloutCopy, WeightMailbox
+from unirl.rollout.engines import TrainsideEngine
+from unirl.types import Sample
+
+log = logging.getLogger("unirl")
+FAULT_ENV = "UNIRL_TEST_KILL_AT"
+"""Tests only: ``rollout:<slot>`` or ``train:<step>`` SIGKILLs this process at that point (a
+kill -9 that lands inside a rollout or inside a train step, without timing races)."""
+
+
+def fault_point(where: str, index: int) -> None:
+    if os.environ.get(FAULT_ENV) == f"{where}:{index}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class AsyncSource:
+    """Rollout thread + buffer + mailbox for one RL phase of ``trainer``."""
+
+    def __init__(
+        self, trainer: Any, phase: Any, records: list[Any], state: tuple[dict, bytes] | None
+    ) -> None:
+        self.trainer, self.phase, self.records = trainer, phase, records
+        cfg = phase.buffer
+        self.buffer = SampleBuffer(
+            capacity=cfg.capacity, max_staleness=cfg.max_staleness, total_steps=phase.steps
+        )
+        self.buffer.version = self.buffer.trained = trainer.rl_step
+        self.buffer.next_slot = trainer.rl_step
+        if state is not None:
+            self.buffer.restore(*state)
+            if self.buffer.trained != trainer.rl_step:
+                raise ValueError(
+                    f"async buffer checkpoint counts {self.buffer.trained} trained batches but the run is "
+                    f"at rl step {trainer.rl_step}; the checkpoint is inconsistent"
+                )
+            self.buffer.version = trainer.rl_step
+        # OpenMP's thread count is per thread: a new thread would not inherit the recipe's `threads`
+        self.threads = cfg.rollout_threads or trainer.cfg.threads or torch.get_num_threads()
+        self.mailbox = WeightMailbox()
+        pipeline, module = trainer.rollout_copy()
+        self.copy = RolloutCopy(module)
+        self.engine = TrainsideEngine(pipeline, weight_version=lambda: self.copy.weight_version)
+        self.publish(trainer.rl_step)
+        self._thread = threading.Thread(target=self._produce, name="unirl-rollout", daemon=True)
+        self._thread.start()
+
+    # ---- the rollout thread ---------------------------------------------------------------
+    def _produce(self) -> None:
+        try:
+            torch.set_num_threads(self.threads)
+            while (reserved := self.buffer.reserve()) is not None:
+                slot, min_version = reserved
+                version = self.copy.refresh(self.mailbox, min_version)
+                t0 = time.time()
+                samples, extra = self.trainer.collect(self.phase, self.records, slot, rollout=self._generate)
+                fault_point("rollout", slot)
+                self.buffer.put(Batch(slot, version, samples, extra, time.time() - t0))
+        except BaseException as e:  # handed to the trainer, which re-raises it
+            log.exception("async rollout thread failed")
+            self.buffer.fail(e)
+
+    def _generate(self, samples: list[Sample], step: int) -> list[Sample]:
+        return self.engine.generate(samples, rollout_step=step)
+
+    # ---- the trainer's side ---------------------------------------------------------------
+    def next(self, step: int) -> tuple[list[Sample], dict[str, float]]:
+        """The batch to train RL step ``step`` on (policy version ``step``), with its metrics."""
+        t0 = time.time()
+        batch, lag = self.buffer.take(step)
+        extra = dict(batch.extra) | {
+            "async/staleness": float(lag),
+            "async/slot": float(batch.slot),
+            "async/train_wait_s": time.time() - t0,
+            "async/rollout_s": batch.rollout_s,
+        }
+        return batch.samples, extra | self.buffer.metrics()
+
+    def publish(self, version: int) -> None:
+        """Hand policy ``version`` (the trainer's weights now) to the rollout side."""
+        from unirl.apps.distributed.workers import policy_tensors
+
+        t = self.trainer
+        with t.backend.ema_weights() if t.ema_rollout else nullcontext():
+            self.mailbox.publish(version, t.backend.global_step, policy_tensors(t.backend))
+        self.buffer.advance(version)
+
+    def checkpoint_state(self) -> tuple[dict[str, Any], bytes]:
+        """The buffer now (the batch in flight re-queued): call between RL steps, so it matches
+        the weights saved with it."""
+        return self.buffer.state()
+
+    def close(self) -> None:
+        self.buffer.close()
+        self._thread.join()
+
+    def staleness_histogram(self) -> dict[int, int]:
+        return dict(sorted(self.buffer.staleness.items()))
