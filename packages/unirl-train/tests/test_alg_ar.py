@@ -136,6 +136,14 @@ def test_recompute_old_logprobs_restores_ratio_one_under_engine_mismatch():
     w = torch.exp(prox.logp.detach() - behav)
     kept = ((w >= 0.9) & (w <= 1.1) & prox.mask).sum() / prox.mask.sum()
     assert abs(m["is_weight_mean"] - kept.item()) < 1e-6 and 0 < m["is_weight_mean"] < 1
+    assert abs(m["is_weight_clipped_frac"] - (1 - kept.item())) < 1e-6
+    assert abs(m["is_weight_raw_max"] - w[prox.mask.bool()].max().item()) < 1e-5
+    # truncation at C = 1.05: the clipped fraction is the share of tokens whose weight exceeds C
+    tis = GRPOConfig(old_logprobs="recompute", off_policy=OffPolicyConfig(mode="truncate", cap=1.05)).build()
+    tis.prepare(parts, pipe)
+    m = tis.loss(parts, pipe, _totals(parts))[1]
+    over = ((w > 1.05) & prox.mask).sum() / prox.mask.sum()
+    assert abs(m["is_weight_clipped_frac"] - over.item()) < 1e-6 and 0 < over < 1
 
 
 def test_kl_needs_a_reference_and_is_zero_against_itself():

@@ -221,3 +221,33 @@ def test_untrainable_parts_give_clear_errors():
     parts[0].segment.log_probs = None
     with pytest.raises(ValueError, match="log_probs"):
         FlowGRPOConfig().build().prepare(parts, pipe)
+
+
+def test_flow_grpo_decoupled_off_policy_on_a_stale_rollout():
+    """A rollout sampled by an older policy (async): with the stored log-probs the first update's
+    ratio is off 1 and the tiny clip range zeroes most of the gradient; recomputed (proximal)
+    log-probs give ratio 1, and each SDE step is weighted by min(exp(logp_prox - logp_behav), C)."""
+    from unirl.train.algorithms import OffPolicyConfig
+
+    pipe, parts = _setup()
+    _perturb(pipe.module, scale=0.02)  # the trainer moved on since the rollout
+    stale = FlowGRPOConfig(clip_range=1e-4).build()
+    stale.prepare(parts, pipe)
+    assert stale.loss(parts, pipe, _totals(parts))[1]["clip_frac"] > 0.5
+    cap = 1.02
+    alg = FlowGRPOConfig(
+        clip_range=1e-4, old_logprobs="recompute", off_policy=OffPolicyConfig(mode="truncate", cap=cap)
+    ).build()
+    alg.prepare(parts, pipe)
+    loss, m = alg.loss(parts, pipe, _totals(parts))
+    assert abs(m["ratio_min"] - 1) < 1e-5 and abs(m["ratio_max"] - 1) < 1e-5 and m["clip_frac"] == 0.0
+    # rho = 1: the loss is -sum_(i,j) w_ij A_i / N with w_ij = min(exp(prox_ij - behav_ij), C)
+    prox = torch.stack([pipe.replay_step(parts, j).log_prob.detach() for j in range(4)], dim=1)
+    behav = torch.stack([p.segment.log_probs for p in parts])
+    w = torch.clamp(torch.exp(prox - behav), max=cap)
+    expected = -(w * torch.tensor(ADV)[:, None]).sum() / 32
+    assert abs(loss.item() - expected.item()) < 1e-5
+    assert 0 < m["is_weight_clipped_frac"] < 1
+    assert abs(m["is_weight_clipped_frac"] - (torch.exp(prox - behav) > cap).float().mean().item()) < 1e-6
+    with pytest.raises(ValueError, match="needs old_logprobs='recompute'"):
+        FlowGRPOConfig(off_policy=OffPolicyConfig(mode="truncate", cap=2.0))

@@ -10,7 +10,6 @@ from typing import Annotated
 
 from pydantic import Field
 
-from unirl.train.algorithms._ar import OffPolicyConfig
 from unirl.train.algorithms.base import BatchTotals, ContextReference, StageAlgorithm
 from unirl.train.algorithms.diffusion_nft import DiffusionNFT, DiffusionNFTConfig
 from unirl.train.algorithms.drpo import DRPO, DRPOConfig
@@ -19,6 +18,7 @@ from unirl.train.algorithms.flow_grpo import DanceGRPOConfig, FlowGRPO, FlowGRPO
 from unirl.train.algorithms.flow_sft import FlowSFT, FlowSFTConfig
 from unirl.train.algorithms.grpo import GRPO, GRPOConfig, OverlongConfig
 from unirl.train.algorithms.gspo import GSPO, GSPOConfig
+from unirl.train.algorithms.off_policy import OffPolicyConfig
 from unirl.train.algorithms.token_sft import TokenSFT, TokenSFTConfig
 
 AlgorithmConfig = Annotated[

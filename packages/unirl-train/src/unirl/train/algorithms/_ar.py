@@ -17,35 +17,9 @@ from unirl.train.algorithms.base import BatchTotals, advantages, as_tensor, requ
 from unirl.train.algorithms.config_base import AlgorithmConfigBase
 from unirl.train.algorithms.losses.aggregation import AggregationMode, aggregate
 from unirl.train.algorithms.losses.kl import KLEstimator, kl_estimate
-from unirl.train.algorithms.losses.off_policy import OffPolicyLevel, OffPolicyMode, decoupled_weight
 from unirl.train.algorithms.losses.ratio_stats import approx_kl, ratio_stats
+from unirl.train.algorithms.off_policy import OffPolicyConfig, off_policy_weights
 from unirl.types import Part
-
-
-class OffPolicyConfig(AlgorithmConfigBase):
-    """Decoupled-PPO correction between the behaviour (engine) and proximal (trainer) policies."""
-
-    mode: OffPolicyMode = Field(
-        description="'truncate': weight min(w, cap); 'mask': drop w outside [c_min, c_max]."
-    )
-    cap: float | None = Field(default=None, gt=0.0, description="truncate: the cap C (e.g. 2.0).")
-    c_min: float | None = Field(
-        default=None, ge=0.0, description="mask: lower bound of kept weights (e.g. 0.5)."
-    )
-    c_max: float | None = Field(
-        default=None, gt=0.0, description="mask: upper bound of kept weights (e.g. 2.0)."
-    )
-    level: OffPolicyLevel = Field(default="token", description="token weights or one weight per sequence.")
-
-    @model_validator(mode="after")
-    def _bounds(self) -> OffPolicyConfig:
-        if self.mode == "truncate" and self.cap is None:
-            raise ValueError("off_policy.mode='truncate' needs off_policy.cap (e.g. 2.0)")
-        if self.mode == "mask" and (self.c_min is None or self.c_max is None or self.c_min >= self.c_max):
-            raise ValueError(
-                f"off_policy.mode='mask' needs c_min < c_max; got c_min={self.c_min}, c_max={self.c_max}"
-            )
-        return self
 
 
 class ARPolicyConfig(AlgorithmConfigBase):
@@ -164,19 +138,9 @@ class ARPolicyAlgorithm:
         if cfg.off_policy is not None:
             if behav is None:
                 raise ValueError(f"{self.name}: off_policy needs the sampler's log_probs on every part")
-            op = cfg.off_policy
-            w = decoupled_weight(
-                old,
-                behav,
-                mask,
-                op.mode,
-                cap=op.cap,
-                c_min=op.c_min,
-                c_max=op.c_max,
-                level=op.level,
-            )
+            w, stats = off_policy_weights(cfg.off_policy, old, behav, mask)
             loss_bt = loss_bt * w
-            metrics["is_weight_mean"] = (w.sum() / mask.sum().clamp_min(1)).item()
+            metrics |= stats
         if cfg.kl_coef > 0:
             with torch.no_grad():
                 ref = self.reference.replay_logprobs(parts).logp.detach().float()  # type: ignore[union-attr]

@@ -59,6 +59,36 @@ def old_logprobs(segs: Sequence[LatentTrajectory], g: StepGroup, device: torch.d
     )
 
 
+@torch.no_grad()
+def proximal_logprobs(
+    parts: Sequence[Part], pipeline: Any, batch_size: int, algorithm: str
+) -> dict[int, Tensor]:
+    """``id(part) -> [n_sde]`` fp32 log-probs of each Part's stored transitions under the current
+    weights (the proximal policy), replayed in chunks of ``batch_size`` Parts, one step at a time."""
+    out: dict[int, Tensor] = {}
+    for i in range(0, len(parts), batch_size):
+        chunk = parts[i : i + batch_size]
+        segs = [latent_segment(p, algorithm) for p in chunk]
+        rows = [torch.zeros(len(s.sde_indices)) for s in segs]
+        for g in group_by_step(segs):
+            sub = [chunk[b] for b in g.rows]
+            logp = checked_log_prob(pipeline.replay_step(sub, g.step), sub, g.step, algorithm)
+            for r, (b, k) in enumerate(zip(g.rows, g.slots)):
+                rows[b][k] = logp[r].float().cpu()
+        out.update({id(p): row for p, row in zip(chunk, rows)})
+    return out
+
+
+def prox_logprobs(
+    prox: dict[int, Tensor], parts: Sequence[Part], g: StepGroup, device: torch.device
+) -> Tensor:
+    """``[n]`` proximal log-probs of step ``g.step`` for ``parts`` (the group's rows, in order)."""
+    missing = [p.name for p in parts if id(p) not in prox]
+    if missing:
+        raise ValueError(f"parts {missing[:3]} have no proximal log-probs; call prepare() first")
+    return torch.stack([prox[id(p)][k] for p, k in zip(parts, g.slots)]).to(device=device)
+
+
 def old_means(segs: Sequence[LatentTrajectory], g: StepGroup, device: torch.device) -> Tensor:
     """``[n, ...]`` fp32 old Gaussian means of step ``g.step`` of each Part in the group."""
     return torch.stack([as_tensor(segs[b].old_means)[k] for b, k in zip(g.rows, g.slots)]).to(

@@ -25,6 +25,7 @@ from unirl.train.algorithms.config_base import AlgorithmConfigBase
 from unirl.train.algorithms.losses.flow_grpo import clipped_surrogate, gaussian_mean_kl
 from unirl.train.algorithms.losses.grpo_guard import guarded_log_ratio
 from unirl.train.algorithms.losses.ratio_stats import approx_kl, clip_fraction, ratio_stats
+from unirl.train.algorithms.off_policy import OffPolicyConfig, off_policy_weights
 from unirl.types import Part, SlidingWindow
 
 
@@ -59,6 +60,28 @@ class FlowGRPOConfig(AlgorithmConfigBase):
         description="train on the first int(n * train_fraction) of each Part's n SDE steps (Flow-GRPO's "
         "timestep_fraction; e.g. 0.9 trains 9 of 10). 1.0 = every SDE step.",
     )
+    old_logprobs: Literal["rollout", "recompute"] = Field(
+        default="rollout",
+        description="pi_old of the ratio: the sampler's stored per-step log-probs, or recomputed by the "
+        "trainer in prepare (the proximal policy: a stale async rollout then starts at ratio 1)",
+    )
+    off_policy: OffPolicyConfig | None = Field(
+        default=None,
+        description="decoupled-PPO weight exp(logp_prox - logp_behav) per SDE step (level 'token'); "
+        "needs old_logprobs='recompute'",
+    )
+
+    @model_validator(mode="after")
+    def _off_policy(self) -> FlowGRPOConfig:
+        if self.off_policy is not None and self.old_logprobs != "recompute":
+            raise ValueError(
+                "off_policy needs old_logprobs='recompute': the proximal policy is the trainer's recomputation"
+            )
+        if self.off_policy is not None and self.off_policy.level != "token":
+            raise ValueError(
+                f"off_policy.level={self.off_policy.level!r}: diffusion weights are per SDE step; use 'token'"
+            )
+        return self
 
     expected_strategy: ClassVar[str | None] = None
     expected_schedule: ClassVar[str | None] = None
@@ -124,6 +147,7 @@ class FlowGRPO:
         self.config = config
         self.name: str = config.kind
         self.reference: Any | None = None
+        self._prox: dict[int, Tensor] = {}  # id(part) -> [n_sde] proximal log-probs (recompute)
 
     def set_reference(self, reference: Any) -> None:
         """The reference policy for ``kl_coef > 0``: anything with ``replay_step`` (e.g.
@@ -143,6 +167,9 @@ class FlowGRPO:
             D.fill_old_means(
                 parts, pipeline, cfg.prepare_batch_size, self.name, recompute=cfg.recompute_old_means
             )
+        self._prox = {}
+        if cfg.old_logprobs == "recompute":
+            self._prox = D.proximal_logprobs(parts, pipeline, cfg.prepare_batch_size, self.name)
 
     def count(self, parts: Sequence[Part]) -> tuple[int, int, int]:
         """(Parts, trained steps, trained steps): the BatchTotals counts under ``train_fraction``."""
@@ -167,6 +194,7 @@ class FlowGRPO:
             raise ValueError(f"{self.name}: no part in this micro-batch has an SDE step to train on")
         total: Tensor | None = None
         log_ratios, ratios, kls = [], [], []
+        weights: list[tuple[Tensor, Tensor, Tensor]] = []
         metrics: dict[str, float] = {}
         for i, g in enumerate(groups):
             sub = [parts[b] for b in g.rows]
@@ -174,11 +202,17 @@ class FlowGRPO:
             logp = D.checked_log_prob(rep, sub, g.step, self.name).float()
             device = logp.device
             adv = advantages(sub, self.name, device)
-            log_ratio = logp - D.old_logprobs(segs, g, device)
+            behav = D.old_logprobs(segs, g, device)
+            old = behav if cfg.old_logprobs == "rollout" else D.prox_logprobs(self._prox, sub, g, device)
+            log_ratio = logp - old
             if cfg.grpo_guard:
                 log_ratio = guarded_log_ratio(log_ratio, rep.mean, D.old_means(segs, g, device), rep.std)
             ratio = torch.exp(log_ratio)
             per = clipped_surrogate(ratio, adv, cfg.clip_range, cfg.clip_range)
+            if cfg.off_policy is not None:
+                w, _ = off_policy_weights(cfg.off_policy, old, behav, torch.ones_like(old))
+                per = per * w.view(-1, *([1] * (per.dim() - 1)))
+                weights.append((w, old, behav))
             if cfg.kl_coef > 0:
                 with torch.no_grad():
                     ref_mean = self.reference.replay_step(sub, g.step).mean  # type: ignore[union-attr]
@@ -200,4 +234,7 @@ class FlowGRPO:
         metrics["approx_kl"] = approx_kl(lr).item()
         if kls:
             metrics["kl"] = torch.cat(kls).mean().item()
+        if weights:
+            w, prox, behav = (torch.cat(t) for t in zip(*weights))
+            metrics |= off_policy_weights(cfg.off_policy, prox, behav, torch.ones_like(prox))[1]  # type: ignore[arg-type]
         return total, metrics
