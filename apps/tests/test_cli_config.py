@@ -121,3 +121,36 @@ def test_every_shipped_recipe_validates(name: str) -> None:
     data = load_dict(name)
     recipe = validate(trainer_module(data["trainer"]).Recipe, data, source=f"recipe {name!r}")
     assert recipe.trainer == data["trainer"]
+
+
+def test_override_of_a_list_element_merges_into_it(tmp_path):
+    """`a.0.b=v` sets a field of the list's element 0; a new `kind` there replaces that node
+    (its old keys dropped) as it does in a mapping; the other elements and fields are kept."""
+    data = load_dict("arithmetic_grpo", ["reward.scorers.0.weight=2", "data.levels.1=3"])
+    assert data["reward"]["scorers"] == [{"name": "exact", "weight": 2, "scorer": {"kind": "arithmetic"}}]
+    assert data["data"]["levels"] == [0, 3, 2, 4]
+    swapped = load_dict(
+        "arithmetic_grpo",
+        ["reward.scorers.0.scorer.kind=exact_match", "reward.scorers.0.scorer.extractor=raw"],
+    )
+    assert swapped["reward"]["scorers"][0]["scorer"] == {"kind": "exact_match", "extractor": "raw"}
+    assert validate(trainer_module("ar").Recipe, swapped).reward.scorers[0].weight == 1.0
+    r = write(tmp_path, "trainer: toy\nitems:\n  - {kind: a, x: 1, y: '${trainer}'}\n  - {kind: b, z: 2}\n")
+    items = load_dict(r, ["items.0.kind=c", "items.1.z=3"])["items"]
+    assert items == [{"kind": "c"}, {"kind": "b", "z": 3}]
+    assert load_dict(r, ["items.0.x=5"])["items"][0] == {"kind": "a", "x": 5, "y": "toy"}
+
+
+def test_bad_list_element_override_names_the_field(tmp_path, capsys):
+    """A bad kind fails as in the YAML, at the element's field path; an index past the end names
+    the list, its indices and how to give a whole list."""
+    bad = ["train", "arithmetic_grpo", "reward.scorers.0.scorer.kind=exact_mach"]
+    assert cli.main(bad) == 2
+    err = capsys.readouterr().err
+    assert "reward.scorers.0.scorer: Input tag 'exact_mach' found using 'kind' does not match" in err
+    assert "'exact_match'" in err
+    with pytest.raises(RecipeError, match=r"reward.scorers.3: reward.scorers is a list of 1 element\(s\), "
+                       r"index '3' is not one of its indices \(0..0\); .* reward.scorers=\[...\]"):  # fmt: skip
+        load_dict("arithmetic_grpo", ["reward.scorers.3.weight=2"])
+    with pytest.raises(RecipeError, match=r"data.levels.x: data.levels is a list of 4"):
+        load_dict("arithmetic_grpo", ["data.levels.x=2"])

@@ -160,13 +160,14 @@ def test_lora_colocate_ships_base_once_then_adapters_only(ray_cluster: Any, tmp_
 
 
 def test_lora_separate_broadcast_with_sharded_checkpoint(ray_cluster: Any, tmp_path: Path) -> None:
-    recipe = tiny_recipe(
+    args = (
         *LORA,
         "layout.placement=separate",
         "layout.sync=broadcast",
         "checkpoint_format=sharded",
         "sft.steps=1",
     )
+    recipe = tiny_recipe(*args)
     assert run(recipe, tmp_path / "run", recipe_name="arithmetic_grpo") == 0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if r["phase"] == "rl"]
@@ -176,7 +177,11 @@ def test_lora_separate_broadcast_with_sharded_checkpoint(ray_cluster: Any, tmp_p
     meta = json.loads((slot / "meta.json").read_text())
     assert (meta["format"], meta["world_size"], meta["global_step"]) == ("sharded", 2, 3)
     extra = json.loads((slot / "extra.json").read_text())
-    assert extra == {"sft_step": 1, "rl_step": 2, "sft_done": 0, "weight_version": 3}
+    cursor = {k: extra[k] for k in ("sft_step", "rl_step", "sft_done", "weight_version")}
+    assert cursor == {"sft_step": 1, "rl_step": 2, "sft_done": 0, "weight_version": 3}
+    # the driver's run state: the report's history to the end, every metrics row, its global RNGs
+    assert [e["name"] for e in extra["report"]["evals"]] == ["init", "sft", "rl"]
+    assert extra["metrics_rows"] == len(rows) and set(extra["rng"]) == {"python", "numpy"}
     from unirl.train.sharded_checkpoint import consolidate
 
     model = [k for k in consolidate(slot) if k.startswith("model/")]
@@ -184,3 +189,10 @@ def test_lora_separate_broadcast_with_sharded_checkpoint(ray_cluster: Any, tmp_p
     # the frozen base is not checkpointed; torch's ignore_frozen_params keeps only the alias of the
     # embeddings that the tiny Qwen3 ties its lm_head to
     assert {k for k in model if "lora_" not in k} == {"model/lm_head.weight"}
+    # resumed by the driver with one more RL step: the report keeps the stages before the resume
+    # (the earlier final evaluation is now rl@2) and each step is logged once
+    assert run(tiny_recipe(*args, "rl.steps=3"), tmp_path / "run", recipe_name="arithmetic_grpo") == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["phase"] == "rl"] == [0, 1, 2]
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert all(f"| {stage} |" in report for stage in ("init", "sft", "rl@2", "rl")), report

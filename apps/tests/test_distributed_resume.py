@@ -2,7 +2,8 @@
 
 Single process, through the CLI in subprocesses (the real entry point): the killed run resumes from
 ``checkpoints/latest`` (weights, optimizer, schedule, RNG, RL step), skips the pre-RL evaluations
-and continues; its final checkpoint must equal the uninterrupted run's bit for bit (CPU, one thread).
+and continues; its final checkpoint must equal the uninterrupted run's bit for bit (CPU, one thread),
+its metrics hold each step once and its report the stages from before the kill.
 """
 
 from __future__ import annotations
@@ -103,4 +104,9 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     for k in a:
         assert torch.equal(a[k], b[k]), k
     steps = [json.loads(x) for x in (cut / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in steps if r["phase"] == "rl"][-1] == STEPS - 1
+    assert [r["step"] for r in steps if r["phase"] == "rl"] == list(range(STEPS))  # each step once
+    assert [(r["phase"], r["step"]) for r in steps] == [
+        (r["phase"], r["step"]) for r in map(json.loads, (full / "metrics.jsonl").read_text().splitlines())
+    ]
+    report = (cut / "report.md").read_text()  # the whole run's history, not only what came after the kill
+    assert all(f"| {stage} |" in report for stage in ("init", "sft", "rl")) and "**rl vs sft: " in report

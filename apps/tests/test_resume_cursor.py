@@ -68,3 +68,76 @@ def test_kl_reference_is_the_policy_rl_starts_from_and_survives_resume(tmp_path:
     assert cli.main(["train", "shapes_flowgrpo", *SHAPES_KL, "rl.steps=2", "--run-dir", str(split)]) == 0
     assert cli.main(["train", "shapes_flowgrpo", *SHAPES_KL, "rl.steps=4", "--run-dir", str(split)]) == 0
     assert kls(split) == pytest.approx(kls(whole), rel=1e-4, abs=1e-12)
+
+
+SMALL = ["device=cpu", "threads=1", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
+         "model.tiny.intermediate_size=64", "sft.steps=3", "sft.batch_size=8", "rl.steps=4",
+         "rl.prompts_per_step=2", "rl.samples_per_prompt=4", "rl.geometry.micro_batch_size=8",
+         "eval.num_prompts=4", "eval.grid_size=2", "eval.every=3", "checkpoint_every=2"]  # fmt: skip
+
+
+class Killed(Exception):
+    """Stands for kill -9: the run stops at once, no checkpoint, no report."""
+
+
+def _section(report: str, title: str) -> str:
+    return report.split(f"## {title}")[1].split("## ")[0]
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_with_the_whole_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed after RL's checkpoint at step 2, once RL step 2 and the eval at step 3 are logged, then
+    resumed: report (every stage, the gain, grids, SFT time), metrics rows and the global Python /
+    NumPy RNGs are the uninterrupted run's. Each run starts from other global RNG states, as
+    separate processes do, and every RL step draws from them."""
+    import random
+
+    import numpy as np
+
+    from unirl.apps.run_dir import RunDir
+    from unirl.apps.trainers.ar import ARTrainer
+
+    sync = ARTrainer.after_train_step
+
+    def drawing(self: ARTrainer) -> dict[str, float]:
+        random.random(), np.random.rand()
+        return sync(self)
+
+    monkeypatch.setattr(ARTrainer, "after_train_step", drawing)
+
+    def train(run: Path, process: int) -> int:
+        random.seed(process)
+        np.random.seed(process)
+        return cli.main(["train", "arithmetic_grpo", *SMALL, "--run-dir", str(run)])
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert train(whole, 1) == 0
+    want_rng = random.getstate(), np.random.get_state()[1].tolist()
+    log = RunDir.log
+
+    def dying(self: RunDir, step: int, metrics: dict[str, float], *, phase: str) -> None:
+        if (phase, step) == ("rl", 3):
+            raise Killed
+        log(self, step, metrics, phase=phase)
+
+    monkeypatch.setattr(RunDir, "log", dying)
+    with pytest.raises(Killed):
+        train(cut, 2)
+    killed = read_metrics(cut / "metrics.jsonl")
+    assert [(r["phase"], r["step"]) for r in killed][-2:] == [("rl", 2), ("eval", 3)]  # past the checkpoint
+    monkeypatch.setattr(RunDir, "log", log)
+    assert train(cut, 3) == 0
+    assert (random.getstate(), np.random.get_state()[1].tolist()) == want_rng
+
+    def rows(run: Path) -> list[dict]:
+        return [{k: v for k, v in r.items() if k != "time"} for r in read_metrics(run / "metrics.jsonl")]
+
+    assert [(r["phase"], r["step"]) for r in rows(cut)] == [(r["phase"], r["step"]) for r in rows(whole)]
+    assert rows(cut) == rows(whole)
+    a, b = ((run / "report.md").read_text() for run in (whole, cut))
+    for title in ("Held-out evaluation", "Samples"):
+        assert _section(b, title) == _section(a, title), title
+    for stage in ("init", "sft", "rl@3", "rl"):
+        assert f"| {stage} |" in b
+    assert "**rl vs sft: accuracy" in b and "![sft](samples/sft.md)" in b
+    assert all(f"- {phase}: " in _section(b, "Time") for phase in ("eval", "sft", "rl"))

@@ -57,3 +57,92 @@ def test_plots_and_report(tmp_path):
     assert "accuracy 40.0% -> 60.0% (+20.0 points)" in text
     assert "![reward](plots/reward.png)" in text and "![grid](grid.png)" in text
     json.dumps(rows)
+
+
+def _tb_scalars(tb_dir) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0}, purge_orphaned_data=False)
+    acc.Reload()
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+def test_truncate_keeps_the_checkpoints_rows_in_jsonl_and_tensorboard(tmp_path):
+    """A resume drops the rows logged after its checkpoint: from metrics.jsonl (atomically) and from
+    TensorBoard, per phase (purge_step would also hide the SFT steps past the RL step)."""
+    rd = RunDir(tmp_path / "run")
+    for i in range(5):
+        rd.log(i, {"loss": 1.0 - 0.1 * i}, phase="sft")
+    rd.log(0, {"accuracy": 0.5}, phase="eval")
+    rd.log(0, {"reward_mean": 0.1}, phase="rl")
+    kept = rd.rows
+    assert kept == 7
+    rd.log(1, {"reward_mean": 0.2}, phase="rl")  # after the checkpoint: the resumed run redoes it
+    rd.log(1, {"accuracy": 0.6}, phase="eval")
+    rd.close()
+    with (tmp_path / "run" / "metrics.jsonl").open("a") as f:
+        f.write('{"phase": "rl", "st')  # a row a kill cut short
+    rd = RunDir(tmp_path / "run")
+    assert rd.rows == 9
+    assert rd.truncate(kept) == 2 and rd.rows == kept
+    rd.log(1, {"reward_mean": 0.25}, phase="rl")
+    rd.close()
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [(r["phase"], r["step"]) for r in rows] == [("sft", i) for i in range(5)] + [
+        ("eval", 0), ("rl", 0), ("rl", 1)
+    ]  # fmt: skip
+    assert rows[-1]["reward_mean"] == 0.25
+    tb = _tb_scalars(tmp_path / "run" / "tb")
+    assert [s for s, _ in tb["sft/loss"]] == [0, 1, 2, 3, 4]
+    assert tb["rl/reward_mean"] == [(0, 0.10000000149011612), (1, 0.25)]
+    assert [s for s, _ in tb["eval/accuracy"]] == [0]
+    assert not (tmp_path / "run" / "tb.old").exists() and not (tmp_path / "run" / "tb.rebuilt").exists()
+    rd = RunDir(tmp_path / "run", tensorboard=False)
+    assert rd.truncate(rd.rows) == 0  # nothing past the checkpoint: the file is left as it is
+    rd.close()
+
+
+def test_run_state_roundtrips_through_json_with_the_global_rngs(tmp_path):
+    """The report's history and the Python / NumPy RNGs survive the checkpoint's sorted-key JSON:
+    order of stages and prompts kept, RNG draws after a restore equal to those without one."""
+    import random
+    from types import SimpleNamespace
+
+    from unirl.apps.run_state import capture, restore
+
+    def trainer(**kw):
+        base = dict(evals={}, eval_steps={}, eval_outcomes={}, timings={}, grids=[], rl_started=None,
+                    run=SimpleNamespace(rows=0, root=tmp_path), rl_step=4, cfg=SimpleNamespace(rl=None))  # fmt: skip
+        return SimpleNamespace(**(base | kw))
+
+    src = trainer(
+        evals={"init": {"reward": 0.1, "accuracy": 0.0}, "sft": {"accuracy": 0.5}, "rl@2": {"accuracy": 0.6}},
+        eval_steps={"init": 0, "sft": 0, "rl@2": 2},
+        eval_outcomes={"sft": {"z": [1.0], "a": [0.0, 1.0]}},
+        timings={"sft": 3.0, "eval": 1.0},
+        grids=["samples/sft.png"],
+        run=SimpleNamespace(rows=17, root=tmp_path),
+        rl_started=0.0,  # mid-RL: the RL phase's time so far is saved
+    )
+    random.seed(5)
+    np.random.seed(6)
+    random.random(), np.random.rand(), np.random.randn()  # mid-stream states (numpy's cached gaussian)
+    extra = json.loads(json.dumps(capture(src), sort_keys=True))
+    want = (random.random(), np.random.rand(3).tolist(), np.random.randn())
+    random.seed(0)
+    np.random.seed(0)
+    dst = trainer()
+    restore(dst, extra)
+    assert (random.random(), np.random.rand(3).tolist(), np.random.randn()) == want
+    assert list(dst.evals) == ["init", "sft", "rl@2"] and dst.evals["init"] == src.evals["init"]
+    assert dst.eval_steps == src.eval_steps and list(dst.eval_outcomes["sft"]) == ["z", "a"]
+    assert list(dst.timings)[:2] == ["sft", "eval"] and dst.timings["rl"] > 1e9
+    assert dst.grids == ["samples/sft.png"] and dst.checkpoint_rows == 17
+    # the final evaluation of a run that goes on (stopped early, or more rl.steps): named by its step
+    (tmp_path / "samples").mkdir()
+    (tmp_path / "samples" / "rl.png").write_bytes(b"png")
+    src.evals["rl"], src.eval_steps["rl"], src.grids = {"accuracy": 0.7}, 3, ["samples/rl.png"]
+    dst = trainer(cfg=SimpleNamespace(rl=SimpleNamespace(steps=6)), rl_step=3)
+    restore(dst, json.loads(json.dumps(capture(src), sort_keys=True)))
+    assert list(dst.evals) == ["init", "sft", "rl@2", "rl@3"] and dst.eval_steps["rl@3"] == 3
+    assert dst.grids == ["samples/rl@3.png"] and (tmp_path / "samples" / "rl@3.png").is_file()

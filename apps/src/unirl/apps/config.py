@@ -10,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
@@ -77,28 +77,58 @@ def _load_with_base(path: Path, chain: tuple[Path, ...]) -> DictConfig:
     return _merge_over(_load_with_base(resolve_recipe_path(base), (*chain, path.resolve())), cfg)
 
 
-def _merge_over(base: DictConfig, extra: DictConfig) -> DictConfig:
+def _merge_over(base: DictConfig, extra: DictConfig, path: str = "") -> DictConfig:
     """`extra` merged over `base` (a `base:` file or the overrides), nodes of a new kind replaced."""
-    _drop_replaced_kinds(base, extra)
+    _drop_replaced_kinds(base, extra, path)
     merged = OmegaConf.merge(base, extra)
     assert isinstance(merged, DictConfig)
     return merged
 
 
-def _drop_replaced_kinds(base: DictConfig, extra: DictConfig) -> None:
+def _drop_replaced_kinds(base: DictConfig, extra: DictConfig, path: str = "") -> None:
     """Where an override gives a node another `kind`, the recipe's node is dropped, not merged.
 
     `rl.algorithm.kind=diffusion_nft` then starts that node from the override's keys alone instead
     of keeping the recipe's FlowGRPO fields (which the strict config would reject as unknown).
+    An override into a list element (`reward.scorers.0.weight=2`) reaches here as a mapping keyed
+    by the index; it is merged into that element, which becomes the override's list.
     """
-    for key, value in extra.items():
+    for key, value in list(extra.items()):
         old = base.get(key) if isinstance(base, DictConfig) else None
-        if not (isinstance(value, DictConfig) and isinstance(old, DictConfig)):
+        where = f"{path}{key}"
+        if isinstance(old, ListConfig) and isinstance(value, DictConfig):
+            extra[key] = _merge_into_list(old, value, where)
+        elif not (isinstance(value, DictConfig) and isinstance(old, DictConfig)):
             continue
-        if "kind" in value and old.get("kind") != value.get("kind"):
+        elif "kind" in value and old.get("kind") != value.get("kind"):
             del base[key]
         else:
-            _drop_replaced_kinds(old, value)
+            _drop_replaced_kinds(old, value, f"{where}.")
+
+
+def _merge_into_list(old: ListConfig, by_index: DictConfig, where: str) -> ListConfig:
+    """A copy of the list ``old`` (at ``where``) with each ``by_index`` entry merged into the
+    element it indexes; an element given another `kind` is replaced, as a mapping node is."""
+    out = OmegaConf.create(OmegaConf.to_container(old, resolve=False))
+    assert isinstance(out, ListConfig)
+    for key, value in by_index.items():
+        k = str(key)
+        if not k.isdigit() or int(k) >= len(out):
+            allowed = f"0..{len(out) - 1}" if len(out) else "none: the list is empty"
+            raise RecipeError(
+                f"override {where}.{k}: {where} is a list of {len(out)} element(s), index {k!r} is not "
+                f"one of its indices ({allowed}); to add or remove elements, give the whole list: "
+                f"{where}=[...]"
+            )
+        elem = out[int(k)]
+        if isinstance(elem, DictConfig) and isinstance(value, DictConfig):
+            if "kind" in value and elem.get("kind") != value.get("kind"):
+                out[int(k)] = value
+            else:
+                out[int(k)] = _merge_over(elem, value, f"{where}.{k}.")
+        else:
+            out[int(k)] = value
+    return out
 
 
 def format_validation_error(err: ValidationError) -> str:
