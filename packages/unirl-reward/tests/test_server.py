@@ -77,6 +77,39 @@ def test_malformed_payloads_get_4xx_with_message(server, payload, status, needle
     assert needle in r.json()["detail"]
 
 
+@pytest.mark.parametrize(
+    ("payload", "path"),
+    [
+        (b'{"items": [{"response": "x", "metadata": {"x": NaN}}]}', "items.0.metadata.x"),
+        (b'{"items": [{"response": "x", "metadata": {"x": -Infinity}}]}', "items.0.metadata.x"),
+        (b'{"items": [{"response": "x", "metadata": {"x": 1e999}}]}', "items.0.metadata.x"),
+        (
+            b'{"items": [{"response": "x"}, {"response": "x", "metadata": {"x": [1, NaN]}}]}',
+            "items.1.metadata.x.1",
+        ),
+        # a duplicate key keeps only its last value in Python, but the NaN was still sent
+        (b'{"items": [{"response": "x", "metadata": {"x": -1e999, "x": 1}}]}', "items.0.metadata.x"),
+        (b'{"items": [{"response": "x"}], "extra": Infinity}', "extra"),
+    ],
+)
+def test_non_finite_numbers_anywhere_get_422_naming_the_path(server, payload, path):
+    h, _ = server
+    r = httpx.post(h.url + "/v1/score", content=payload, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert f"body.{path}: Input should be a finite number" in r.json()["detail"]
+
+
+def test_finite_numbers_in_metadata_are_accepted(server):
+    h, _ = server
+    meta = b'{"a": 1.5, "b": [1e308, -0.0, 2], "c": -1.7976931348623157e308}'
+    r = httpx.post(
+        h.url + "/v1/score",
+        content=b'{"items": [{"response": "x", "metadata": ' + meta + b"}]}",
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 200, r.text
+
+
 def test_streamed_body_over_limit_is_413(server):
     h, _ = server
 
@@ -158,6 +191,28 @@ def test_auth_required_when_token_set():
             c.version()
 
 
+def test_token_guards_every_path_but_the_probes():
+    with _serve(LengthScorer(), token=TOKEN) as h:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        for path in ("/health", "/ready"):
+            assert httpx.get(h.url + path).status_code == 200
+        for path in ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect", "/metrics", "/v1/version"):
+            r = httpx.get(h.url + path)
+            assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer", path
+            assert r.json() == {"detail": "missing or invalid bearer token"}
+            assert httpx.get(h.url + path, headers=auth).status_code == 200, path
+        # default deny: an unknown path does not tell a caller without the token that it is unknown
+        assert httpx.get(h.url + "/nope").status_code == 401
+        assert httpx.get(h.url + "/nope", headers=auth).status_code == 404
+
+
+def test_token_is_checked_before_the_body_is_read():
+    with _serve(LengthScorer(), token=TOKEN, max_request_bytes=4096) as h:
+        url, json_type = h.url + "/v1/score", {"content-type": "application/json"}
+        assert httpx.post(url, content=b"{not json", headers=json_type).status_code == 401
+        assert httpx.post(url, content=b"x" * 5000, headers=json_type).status_code == 401  # not 413
+
+
 def test_auth_off_on_loopback_by_default(server):
     h, _ = server
     assert httpx.get(h.url + "/v1/version").status_code == 200
@@ -187,6 +242,12 @@ def test_failed_load_is_reported():
 
     with pytest.raises(RuntimeError, match="weights not found"):
         serve_in_thread(create_app(broken))
+
+
+def test_a_server_without_scorers_does_not_get_ready():
+    # the published schema requires the inputs of at least one scorer (server/schema.py)
+    with pytest.raises(RuntimeError, match="no scorers"):
+        serve_in_thread(create_app(lambda: []))
 
 
 def test_cli_refuses_public_bind_without_token(tmp_path, monkeypatch, capsys):

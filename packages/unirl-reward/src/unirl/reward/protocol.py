@@ -88,6 +88,11 @@ _NEEDS: dict[str, tuple[str, ...]] = {
 }
 
 
+def required_inputs(modality: Modality) -> tuple[str, ...]:
+    """The ScoreItem fields a scorer of `modality` needs (not None)."""
+    return _NEEDS[modality]
+
+
 def check_inputs(scorer_name: str, modality: Modality, items: Sequence[ScoreItem]) -> None:
     """Raise ValueError naming the first item that lacks an input `modality` requires."""
     for i, item in enumerate(items):

@@ -1,17 +1,21 @@
 """The FastAPI app: POST /v1/score, GET /health, /ready, /v1/version, /metrics.
 
-Request path: auth -> size limit (413) -> schema validation (422) -> idempotency cache (a
+Request path: auth (401, before any body is read) -> size limit (413) -> JSON parse (422; NaN
+and infinities are refused anywhere) -> schema validation (422) -> idempotency cache (a
 retried id is answered from cache, 409 if its body differs) -> media decode (422) -> input
 check against each scorer's modality (422) -> dynamic batcher (429 + Retry-After when full)
--> per-request timeout (504). Error bodies are `{"detail": str}` and never echo a token.
+-> per-request timeout (504). Error bodies, on every path, are JSON `{"detail": str}` (a
+Prometheus scraper ignores the body of a failed scrape) and never echo a token.
+
+With a token, every path needs it but the probes /health and /ready: the API, /metrics, and
+the schema and its viewers (/openapi.json, /docs, /redoc); see `auth.py`.
 """
 
-# No `from __future__ import annotations`: FastAPI must resolve the Annotated[..., Depends(local)]
-# parameters of the closures below at runtime.
+from __future__ import annotations
+
 import asyncio
 import contextlib
 import hashlib
-import hmac
 import logging
 import math
 import threading
@@ -19,12 +23,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -32,10 +36,13 @@ from unirl.reward import __version__
 from unirl.reward.combine import WeightedScorer, combine, identity
 from unirl.reward.convert import result_to_wire, wire_to_item
 from unirl.reward.protocol import ScoreItem, ScoreResult, check_inputs
+from unirl.reward.server.auth import BearerTokenMiddleware
 from unirl.reward.server.batcher import BatchStats, DynamicBatcher, QueueFull
 from unirl.reward.server.dedup import IdConflict, IdempotencyCache
+from unirl.reward.server.finite_json import FiniteJSONRoute
 from unirl.reward.server.limits import BodyLimitMiddleware
 from unirl.reward.server.metrics import Metrics
+from unirl.reward.server.schema import published_spec
 from unirl.reward.server.settings import ServerSettings
 from unirl.types.wire import (
     WIRE_SCHEMA_VERSION,
@@ -79,6 +86,25 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": ErrorResponse} for c in codes}
 
 
+def _spec_for(app: FastAPI, state: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    """`app.openapi`: the spec of any deployment until the scorers load, then this one's.
+
+    FastAPI's own spec stays at `app.state.fastapi_openapi` (see `openapi.openapi_spec`).
+    """
+    app.state.fastapi_openapi = app.openapi
+    cache: dict[bool, dict[str, Any]] = {}
+
+    def openapi() -> dict[str, Any]:
+        scorers = state["scorers"]
+        loaded = scorers is not None
+        if loaded not in cache:
+            modalities = [ws.scorer.modality for ws in scorers] if loaded else None
+            cache[loaded] = published_spec(app.state.fastapi_openapi(), modalities)
+        return cache[loaded]
+
+    return openapi
+
+
 def create_app(
     build_scorers: Callable[[], Sequence[WeightedScorer]],
     settings: ServerSettings | None = None,
@@ -98,6 +124,8 @@ def create_app(
     async def load() -> None:
         try:
             scorers = await run_in_threadpool(lambda: list(build_scorers()))
+            if not scorers:  # the published schema relies on at least one scorer (see schema.py)
+                raise ValueError("build_scorers returned no scorers; configure at least one")
         except Exception as e:
             log.exception("loading the scorers failed; the server stays not ready")
             state["load_error"] = f"{type(e).__name__}: {e}"
@@ -131,17 +159,19 @@ def create_app(
                 close()
 
     app = FastAPI(title="unirl-reward", version=__version__, lifespan=lifespan)
+    app.router.route_class = FiniteJSONRoute
     app.state.loaded = loaded
     app.state.load_state = state
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
-    bearer = HTTPBearer(auto_error=False, description="Required when the server is not bound to loopback.")
-
-    def require_token(cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
-        if token is None:
-            return
-        given = cred.credentials.encode() if cred is not None else b""
-        if not hmac.compare_digest(given, token.encode()):
-            raise HTTPError(401, "missing or invalid bearer token", {"WWW-Authenticate": "Bearer"})
+    if token is not None:  # added last, so outermost: runs before the body limit reads anything
+        app.add_middleware(BearerTokenMiddleware, token=token)
+    app.openapi = _spec_for(app, state)  # type: ignore[method-assign]
+    # Documents the scheme per operation in the spec; BearerTokenMiddleware does the check.
+    bearer = HTTPBearer(
+        auto_error=False,
+        description="Required, when the server has a token (always when it is not bound to "
+        "loopback), on every path but /health and /ready.",
+    )
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
@@ -182,8 +212,13 @@ def create_app(
         batcher: DynamicBatcher = state["batcher"]
         return batcher
 
-    @app.get("/v1/version", response_model=VersionResponse, responses=_errors(401, 503))
-    async def version(_: Annotated[None, Depends(require_token)]) -> VersionResponse:
+    @app.get(
+        "/v1/version",
+        response_model=VersionResponse,
+        responses=_errors(401, 503),
+        dependencies=[Depends(bearer)],
+    )
+    async def version() -> VersionResponse:
         """Scorer names, versions and weights, and their identity hash."""
         _ready_batcher()
         infos = [
@@ -204,8 +239,10 @@ def create_app(
             scorers=infos,
         )
 
-    @app.get("/metrics", response_class=PlainTextResponse, responses=_errors(401))
-    async def metrics_endpoint(_: Annotated[None, Depends(require_token)]) -> str:
+    @app.get(
+        "/metrics", response_class=PlainTextResponse, responses=_errors(401), dependencies=[Depends(bearer)]
+    )
+    async def metrics_endpoint() -> str:
         """Prometheus text format."""
         batcher = state["batcher"]
         stats = batcher.stats if batcher else BatchStats()
@@ -215,8 +252,9 @@ def create_app(
         "/v1/score",
         response_model=ScoreResponse,
         responses=_errors(400, 401, 409, 413, 422, 429, 500, 503, 504),
+        dependencies=[Depends(bearer)],
     )
-    async def score(req: ScoreRequest, _: Annotated[None, Depends(require_token)]) -> ScoreResponse:
+    async def score(req: ScoreRequest) -> ScoreResponse:
         """Score a batch of items with every configured scorer; one result per item, in order."""
         t0 = time.monotonic()
         batcher = _ready_batcher()

@@ -30,10 +30,10 @@ class BodyLimitMiddleware:
             try:
                 too_big = int(length) > self.max_bytes
             except ValueError:
-                await self._reply(send, 400, "Content-Length is not an integer")
+                await reply_error(send, 400, "Content-Length is not an integer")
                 return
             if too_big:
-                await self._reply(send, 413, self._msg())
+                await reply_error(send, 413, self._msg())
                 return
         received = 0
         started = False
@@ -57,22 +57,17 @@ class BodyLimitMiddleware:
             await self.app(scope, limited_receive, tracking_send)
         except _TooLarge:
             if not started:
-                await self._reply(send, 413, self._msg())
+                await reply_error(send, 413, self._msg())
 
     def _msg(self) -> str:
         return f"request body larger than max_request_bytes={self.max_bytes}; send fewer or smaller items"
 
-    @staticmethod
-    async def _reply(send: Any, status: int, detail: str) -> None:
-        body = json.dumps({"detail": detail}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+
+async def reply_error(
+    send: Any, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """Send the server's error body, `{"detail": str}` as JSON, from ASGI middleware."""
+    body = json.dumps({"detail": detail}).encode()
+    start = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": start + (headers or [])})
+    await send({"type": "http.response.body", "body": body})
