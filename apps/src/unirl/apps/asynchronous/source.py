@@ -70,16 +70,24 @@ class AsyncSource:
     def _produce(self) -> None:
         try:
             torch.set_num_threads(self.threads)
-            while (reserved := self.buffer.reserve()) is not None:
-                slot, min_version = reserved
-                version = self.copy.refresh(self.mailbox, min_version)
-                t0 = time.time()
-                samples, extra = self.trainer.collect(self.phase, self.records, slot, rollout=self._generate)
-                fault_point("rollout", slot)
-                self.buffer.put(Batch(slot, version, samples, extra, time.time() - t0))
+            # on a GPU, a stream of its own: the rollout's kernels then overlap the trainer's
+            stream = torch.cuda.Stream(self.trainer.device) if self.trainer.device.type == "cuda" else None
+            with torch.cuda.stream(stream) if stream is not None else nullcontext():
+                self._produce_batches(stream)
         except BaseException as e:  # handed to the trainer, which re-raises it
             log.exception("async rollout thread failed")
             self.buffer.fail(e)
+
+    def _produce_batches(self, stream: Any) -> None:
+        while (reserved := self.buffer.reserve()) is not None:
+            slot, min_version = reserved
+            version = self.copy.refresh(self.mailbox, min_version)
+            t0 = time.time()
+            samples, extra = self.trainer.collect(self.phase, self.records, slot, rollout=self._generate)
+            if stream is not None:
+                stream.synchronize()  # the trainer reads these tensors on its own stream
+            fault_point("rollout", slot)
+            self.buffer.put(Batch(slot, version, samples, extra, time.time() - t0))
 
     def _generate(self, samples: list[Sample], step: int) -> list[Sample]:
         return self.engine.generate(samples, rollout_step=step)

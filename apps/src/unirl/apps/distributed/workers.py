@@ -42,9 +42,9 @@ __all__ = [
     "RolloutWorker",
     "TrainWorker",
     "build_rollout",
-    "rollout_module",
     "make_weight_sync",
     "policy_tensors",
+    "rollout_module",
     "weights_checksum",
 ]
 
