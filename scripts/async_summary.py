@@ -34,7 +34,9 @@ def summary(run: Path) -> dict[str, float | str]:
         "train_wait_s": sum(r.get("async/train_wait_s", 0.0) for r in steps),
         "rollout_s": sum(r.get("async/rollout_s", 0.0) for r in steps),
         "dropped": steps[-1].get("async/dropped", 0.0),
-        "sft_acc": next((e["eval_accuracy"] for e in evals if e["step"] == 0 and e is not evals[0]), float("nan")),
+        "sft_acc": next(
+            (e["eval_accuracy"] for e in evals if e["step"] == 0 and e is not evals[0]), float("nan")
+        ),
         "final_acc": evals[-1]["eval_accuracy"] if evals else float("nan"),
     }
 

@@ -24,7 +24,7 @@ else
     run nft_async_s$s shapes_nft seed=$s device=cuda threads=1 $A &
   done
   wait
-  python3 scripts/eval_curves.py $R/ard_* $R/nft_* | tee $OUT/curves.txt
-  python3 scripts/async_summary.py $R/ard_* $R/nft_* | tee $OUT/learn.txt
+  python3 scripts/eval_curves.py $R/ard_*/ $R/nft_*/ | tee $OUT/curves.txt
+  { python3 scripts/async_summary.py $R/ard_*/; python3 scripts/async_summary.py $R/nft_*/; } | tee $OUT/learn.txt
 fi
 for f in $R/*.log; do tail -n 2 $f | grep -i -E "error|Traceback" && echo "^ $f"; done

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,9 +104,39 @@ def test_kill9_then_resume_loses_nothing_and_trains_nothing_twice(tmp_path: Path
 
 
 def test_async_refuses_what_it_cannot_run() -> None:
-    with pytest.raises(RecipeError, match="layout.kind=single"):
-        load(Recipe, "arithmetic_grpo", [*ASYNC, "layout.kind=ray"])
+    with pytest.raises(RecipeError, match="use sync='buckets' or 'shm'"):
+        load(Recipe, "arithmetic_grpo", [*ASYNC, "layout.kind=ray", "layout.sync=broadcast"])
     with pytest.raises(RecipeError, match="kind='trainside'"):
         load(Recipe, "arithmetic_grpo", [*ASYNC, "rollout.engine.kind=vllm"])
     with pytest.raises(RecipeError, match="rl.buffer.max_staleness"):
         load(Recipe, "arithmetic_grpo", [*ASYNC, "rl.buffer.max_staleness=-1"])
+
+
+RAY = ("layout.kind=ray", "layout.placement=separate", "layout.sync=buckets", "layout.cpus_per_device=0.5")
+
+
+@pytest.mark.slow
+def test_ray_layout_async_is_the_one_process_run_and_keeps_its_bounds(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """Rollout and train workers in their own processes: at zero staleness the run is the
+    one-process async run bit for bit (both sample with a plain rollout copy); at the default bound
+    rollout runs one version ahead, pulling each version between batches."""
+    zero = (*ASYNC, "rl.buffer.max_staleness=0", "rl.buffer.capacity=1")
+    _train(tmp_path / "local", *zero)
+    _train(tmp_path / "ray", *zero, *RAY)
+    for phase in ("rl", "eval"):
+        a, b = _rows(tmp_path / "local", phase), _rows(tmp_path / "ray", phase)
+        assert len(a) == len(b) > 0
+        for x, y in zip(a, b):
+            assert {k: v for k, v in x.items() if not k.endswith(_TIMING) and not k.startswith("async/")} == {
+                k: y[k] for k in x if not k.endswith(_TIMING) and not k.startswith("async/")
+            }, phase
+    _train(tmp_path / "ray1", *ASYNC, *RAY, "checkpoint_every=4")
+    rl = _rows(tmp_path / "ray1", "rl")
+    assert [int(r["async/slot"]) for r in rl] == list(range(8))
+    assert all(r["async/staleness"] <= 1 for r in rl) and any(r["async/staleness"] == 1 for r in rl)
+    for r in rl:
+        _accounting(r)
+    ckpt = json.loads((tmp_path / "ray1" / "checkpoints" / "latest" / "extra.json").read_text())
+    assert ckpt["async"]["trained"] == 8 and ckpt["async"]["produced"] == 8

@@ -14,8 +14,9 @@ import os
 import signal
 import threading
 import time
-from contextlib import nullcontext
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any, Protocol
 
 import torch
 
@@ -35,13 +36,68 @@ def fault_point(where: str, index: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class RolloutSide(Protocol):
+    """Who samples in the async lifecycle, and how a new policy version reaches it.
+
+    ``publish`` runs on the trainer's thread after each RL step and must not wait for a rollout in
+    progress; ``refresh`` and ``generate`` run on the rollout thread, between and during batches."""
+
+    def publish(self, version: int) -> None:
+        """Stage the trainer's current weights as policy ``version`` (the newest replaces older ones)."""
+        ...
+
+    def refresh(self, min_version: int) -> int:
+        """Swap in the newest staged version (verified); the version now held (>= ``min_version``)."""
+        ...
+
+    def generate(self, samples: list[Sample], step: int) -> list[Sample]:
+        """Sample ``samples`` (rollout step ``step``) with the version held."""
+        ...
+
+    def close(self) -> None:
+        """The phase is over: bring the rollout side to the newest version and free staged weights."""
+        ...
+
+
+class LocalRolloutSide:
+    """One process: a rollout copy of the policy, fed through a verified, double-buffered mailbox."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self.mailbox = WeightMailbox()
+        pipeline, module = trainer.rollout_copy()
+        self.copy = RolloutCopy(module)
+        self.engine = TrainsideEngine(pipeline, weight_version=lambda: self.copy.weight_version)
+
+    def publish(self, version: int) -> None:
+        from unirl.apps.distributed.workers import policy_tensors
+
+        t = self.trainer
+        with t.backend.ema_weights() if t.ema_rollout else nullcontext():
+            self.mailbox.publish(version, t.backend.global_step, policy_tensors(t.backend))
+
+    def refresh(self, min_version: int) -> int:
+        return self.copy.refresh(self.mailbox, min_version)
+
+    def generate(self, samples: list[Sample], step: int) -> list[Sample]:
+        return self.engine.generate(samples, rollout_step=step)
+
+    def close(self) -> None:
+        """Nothing staged outside this process."""
+
+
 class AsyncSource:
-    """Rollout thread + buffer + mailbox for one RL phase of ``trainer``."""
+    """Rollout thread + buffer for one RL phase of ``trainer``; ``side`` samples and takes weights."""
 
     def __init__(
-        self, trainer: Any, phase: Any, records: list[Any], state: tuple[dict, bytes] | None
+        self,
+        trainer: Any,
+        phase: Any,
+        records: list[Any],
+        state: tuple[dict, bytes] | None,
+        side: RolloutSide,
     ) -> None:
-        self.trainer, self.phase, self.records = trainer, phase, records
+        self.trainer, self.phase, self.records, self.side = trainer, phase, records, side
         cfg = phase.buffer
         self.buffer = SampleBuffer(
             capacity=cfg.capacity, max_staleness=cfg.max_staleness, total_steps=phase.steps
@@ -58,10 +114,9 @@ class AsyncSource:
             self.buffer.version = trainer.rl_step
         # OpenMP's thread count is per thread: a new thread would not inherit the recipe's `threads`
         self.threads = cfg.rollout_threads or trainer.cfg.threads or torch.get_num_threads()
-        self.mailbox = WeightMailbox()
-        pipeline, module = trainer.rollout_copy()
-        self.copy = RolloutCopy(module)
-        self.engine = TrainsideEngine(pipeline, weight_version=lambda: self.copy.weight_version)
+        self.exclusive = threading.Lock()
+        """Held by the rollout thread for each batch; the trainer takes it to use the rollout side
+        itself (an evaluation on the Ray layout's rollout workers)."""
         self.publish(trainer.rl_step)
         self._thread = threading.Thread(target=self._produce, name="unirl-rollout", daemon=True)
         self._thread.start()
@@ -81,16 +136,16 @@ class AsyncSource:
     def _produce_batches(self, stream: Any) -> None:
         while (reserved := self.buffer.reserve()) is not None:
             slot, min_version = reserved
-            version = self.copy.refresh(self.mailbox, min_version)
-            t0 = time.time()
-            samples, extra = self.trainer.collect(self.phase, self.records, slot, rollout=self._generate)
+            with self.exclusive:  # the trainer may borrow the rollout side between batches
+                version = self.side.refresh(min_version)
+                t0 = time.time()
+                samples, extra = self.trainer.collect(
+                    self.phase, self.records, slot, rollout=self.side.generate
+                )
             if stream is not None:
                 stream.synchronize()  # the trainer reads these tensors on its own stream
             fault_point("rollout", slot)
             self.buffer.put(Batch(slot, version, samples, extra, time.time() - t0))
-
-    def _generate(self, samples: list[Sample], step: int) -> list[Sample]:
-        return self.engine.generate(samples, rollout_step=step)
 
     # ---- the trainer's side ---------------------------------------------------------------
     def next(self, step: int) -> tuple[list[Sample], dict[str, float]]:
@@ -107,12 +162,20 @@ class AsyncSource:
 
     def publish(self, version: int) -> None:
         """Hand policy ``version`` (the trainer's weights now) to the rollout side."""
-        from unirl.apps.distributed.workers import policy_tensors
-
-        t = self.trainer
-        with t.backend.ema_weights() if t.ema_rollout else nullcontext():
-            self.mailbox.publish(version, t.backend.global_step, policy_tensors(t.backend))
+        self.side.publish(version)
         self.buffer.advance(version)
+
+    @contextmanager
+    def borrowed(self) -> Iterator[None]:
+        """For the trainer to use the rollout side itself (an evaluation), where the side is shared
+        (``side.shared``: the Ray layout's rollout workers): after the batch in progress, at the
+        newest version. A side of its own (one process) is not borrowed."""
+        if not getattr(self.side, "shared", False):
+            yield
+            return
+        with self.exclusive:
+            self.side.refresh(self.buffer.version)
+            yield
 
     def checkpoint_state(self) -> tuple[dict[str, Any], bytes]:
         """The buffer now (the batch in flight re-queued): call between RL steps, so it matches
@@ -122,6 +185,7 @@ class AsyncSource:
     def close(self) -> None:
         self.buffer.close()
         self._thread.join()
+        self.side.close()
 
     def staleness_histogram(self) -> dict[int, int]:
         return dict(sorted(self.buffer.staleness.items()))

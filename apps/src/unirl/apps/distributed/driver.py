@@ -25,11 +25,12 @@ from unirl.apps.distributed.layout import LayoutConfig, check_layout
 from unirl.apps.distributed.workers import RolloutWorker, TrainWorker
 from unirl.apps.loop import StopFlag, latest_checkpoint
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.base import Trainer
+from unirl.apps.trainers.base import ASYNC_BUFFER_FILE, Trainer
 from unirl.distributed import MeshShape, RayRemote, place, split_dp
 from unirl.distributed.errors import WeightSyncError
 from unirl.distributed.weightsync import drive_weight_sync
 from unirl.reward.service import RewardService
+from unirl.train.checkpoint import read_checkpoint_file
 from unirl.types import Part, Sample
 
 __all__ = ["DistributedRL", "RemoteEngine"]
@@ -224,7 +225,15 @@ class DistributedRL(Trainer):
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:
         return self.train.call_rank0(TrainWorker.sft_parts, batch_size, step)
 
+    def rollout_side(self) -> Any:
+        """Async lifecycle: the rollout workers sample while the train workers train."""
+        from unirl.apps.distributed.async_side import RayRolloutSide
+
+        return RayRolloutSide(self)
+
     def after_train_step(self) -> dict[str, float]:
+        if self.async_source is not None:  # async: the rollout thread pulls new weights itself
+            return {}
         m = self.sync_weights()
         if self.dedicated:  # parity of this step's rollout, canary of this sync: the worst worker
             for wm in self.rollout_remote.call_all(RolloutWorker.metrics):
@@ -246,9 +255,11 @@ class DistributedRL(Trainer):
     def save(self) -> None:
         """Checkpoint on every train rank (``checkpoint_format``: gathered on rank 0, or one shard
         file per rank), with the data cursor and the weight version last synced."""
-        extra = {**self.cursor(), "weight_version": self.synced_version}
+        extra, files = {**self.cursor(), "weight_version": self.synced_version}, {}
+        if self.async_source is not None:  # the buffer's batches not yet trained, and its cursor
+            extra["async"], files[ASYNC_BUFFER_FILE] = self.async_source.checkpoint_state()
         path = str(self.run.checkpoints / "latest")
-        self.train.call_all(TrainWorker.save, path, extra, self.cfg.checkpoint_format)
+        self.train.call_all(TrainWorker.save, path, extra, self.cfg.checkpoint_format, files)
 
     def resume(self) -> bool:
         ckpt = latest_checkpoint(self.run.root)
@@ -257,4 +268,6 @@ class DistributedRL(Trainer):
         extra = self.train.call_all(TrainWorker.load, str(ckpt))[0]
         log.info("resuming from %s", ckpt)
         self.restore_cursor(extra)
+        if "async" in extra:  # the checkpoint directory is shared with the train workers
+            self.async_state = (extra["async"], read_checkpoint_file(ckpt, ASYNC_BUFFER_FILE) or b"")
         return True

@@ -195,9 +195,12 @@ class TrainWorker:
         return dict(self.backend.full_state_dict(merge_lora=merge_lora))
 
     # -- checkpoints (collective) ---------------------------------------------------------------
-    def save(self, path: str, extra: dict[str, Any], format: str = "full") -> str:
-        """Checkpoint ``format`` ('full' or 'sharded', see unirl.train.checkpoint) to ``path``."""
-        return str(save_checkpoint(path, self.backend, extra=extra, format=format))  # type: ignore[arg-type]  # checked there
+    def save(
+        self, path: str, extra: dict[str, Any], format: str = "full", files: dict[str, bytes] | None = None
+    ) -> str:
+        """Checkpoint ``format`` ('full' or 'sharded', see unirl.train.checkpoint) to ``path``, with
+        the driver's extra ``files`` (e.g. the async buffer)."""
+        return str(save_checkpoint(path, self.backend, extra=extra, format=format, files=files))  # type: ignore[arg-type]  # checked there
 
     def load(self, path: str) -> dict[str, Any]:
         return dict(load_checkpoint(path, self.backend))

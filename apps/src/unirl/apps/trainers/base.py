@@ -101,6 +101,13 @@ class Trainer:
         ``diversity``: a policy that narrows shows it falling); None where the domain has none."""
         return None
 
+    def rollout_side(self) -> Any:
+        """The async lifecycle's rollout side (``unirl.apps.asynchronous.RolloutSide``): here a
+        rollout copy of the policy in this process; the Ray layout's rollout workers there."""
+        from unirl.apps.asynchronous.source import LocalRolloutSide
+
+        return LocalRolloutSide(self)
+
     def rollout_copy(self) -> tuple[Any, torch.nn.Module]:
         """(pipeline, trainable module) of a second, rollout-only copy of the policy: the async
         lifecycle's rollout thread samples with it while the trainer trains the original."""
@@ -213,7 +220,7 @@ class Trainer:
         if phase.lifecycle == "async":  # a rollout thread fills a buffer; see unirl.apps.asynchronous
             from unirl.apps.asynchronous.source import AsyncSource, fault_point
 
-            self.async_source = AsyncSource(self, phase, train, self.async_state)
+            self.async_source = AsyncSource(self, phase, train, self.async_state, self.rollout_side())
         t0 = time.time()
         try:
             with PhaseProgress("rl", phase.steps - self.rl_step) as bar:
@@ -241,7 +248,8 @@ class Trainer:
                         and self.rl_step % self.cfg.eval.every == 0
                         and self.rl_step < phase.steps
                     ):
-                        self.evaluate(f"rl@{self.rl_step}", step=self.rl_step)
+                        with src.borrowed() if src else nullcontext():
+                            self.evaluate(f"rl@{self.rl_step}", step=self.rl_step)
                     if self.cfg.checkpoint_every and self.rl_step % self.cfg.checkpoint_every == 0:
                         self.save()
         finally:

@@ -136,10 +136,15 @@ class RunSettings(BaseModel):
                 f"rl.algorithm.kl_coef={kl} needs a reference policy, but backend.reference='none': set "
                 "backend.reference=frozen_copy (the policy RL starts from) or lora_base, or kl_coef=0"
             )
-        if rl is not None and rl.lifecycle == "async" and self.layout.kind == "ray":
+        if (
+            rl is not None
+            and rl.lifecycle == "async"
+            and self.layout.kind == "ray"
+            and self.layout.sync == "broadcast"
+        ):
             raise ValueError(
-                "rl.lifecycle='async' with layout.kind='ray' is not supported yet: the async rollout "
-                "thread runs beside the trainer in one process; use layout.kind=single"
+                "rl.lifecycle='async' with layout.sync='broadcast': a broadcast needs sender and receivers "
+                "at once, so the trainer would wait for the rollout in progress; use sync='buckets' or 'shm'"
             )
         tp = getattr(getattr(self, "backend", None), "tensor_model_parallel_size", 1)
         if tp > 1 and self.layout.kind == "ray":
