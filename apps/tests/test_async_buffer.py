@@ -100,3 +100,20 @@ def test_producer_failure_reaches_the_trainer() -> None:
     buf.fail(RuntimeError("engine died"))
     with pytest.raises(ProducerFailed, match="engine died"):
         buf.take(0)
+
+
+def test_report_accounts_for_the_async_run() -> None:
+    from unirl.apps.report import async_lines
+
+    rows = [
+        {"phase": "rl", "step": k, "time": 2.0 * k, "async/staleness": float(lag), "async/train_wait_s": 0.5,
+         "async/rollout_s": 1.5, "async/produced": k + 2.0, "async/trained": k + 1.0, "async/dropped": 0.0,
+         "async/buffered": 1.0, "is_weight_clipped_frac": 0.01 * k, "is_weight_raw_max": 1.0 + k}
+        for k, lag in enumerate([0, 1, 1])
+    ]  # fmt: skip
+    text = "\n".join(async_lines([{"phase": "eval", "step": 0}, *rows]))
+    assert "0: 1 steps, 1: 2 steps" in text
+    assert "produced 4 = trained 3 + dropped 0 (too stale) + still buffered 1" in text
+    assert "waited 1.5 s for rollouts over 4.0 s of RL" in text and "sampled 4.5 s" in text
+    assert "1.00% of tokens/steps clipped on average, largest raw weight 3.000" in text
+    assert async_lines([{"phase": "rl", "step": 0, "time": 0.0}]) == []

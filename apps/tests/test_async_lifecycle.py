@@ -101,6 +101,9 @@ def test_kill9_then_resume_loses_nothing_and_trains_nothing_twice(tmp_path: Path
     assert rl[-1]["async/trained"] == 8
     evals = [r for r in read_metrics(run / "metrics.jsonl") if r["phase"] == "eval"]
     assert evals, "no evaluation after the resumed run"
+    report = (run / "report.md").read_text()
+    assert "## Async lifecycle" in report and f"produced {rl[-1]['async/produced']:.0f} = trained 8" in report
+    assert (run / "plots" / "async.png").exists()
 
 
 def test_async_refuses_what_it_cannot_run() -> None:

@@ -16,6 +16,17 @@ PANELS: list[tuple[str, str, tuple[str, ...]]] = [
     ("kl.png", "KL: approx_kl to the rollout policy, kl to the reference", ("approx_kl", "kl")),
     ("clip.png", "clip fraction", ("clip_frac",)),
     ("ratio.png", "importance ratio (min / mean / max per step)", ("ratio_min", "ratio_mean", "ratio_max")),
+    ("async.png", "async: staleness of the trained batch (versions)", ("async/staleness",)),
+    (
+        "async_wait.png",
+        "async: trainer's wait for a batch, rollout time (s)",
+        ("async/train_wait_s", "async/rollout_s"),
+    ),
+    (
+        "is_weight.png",
+        "off-policy weights exp(logp_prox - logp_behav): mean, raw max, clipped fraction",
+        ("is_weight_mean", "is_weight_raw_max", "is_weight_clipped_frac"),
+    ),
 ]
 SMOOTH_FROM = 10
 """A series of at least this many points is drawn faintly with its running mean over it."""

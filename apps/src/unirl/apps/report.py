@@ -60,6 +60,40 @@ def gain_lines(
     return out
 
 
+def async_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The async lifecycle's account from the RL rows of metrics.jsonl: staleness histogram, the
+    buffer's counts, how long the trainer waited for rollouts, and the off-policy weights."""
+    rl = {r["step"]: r for r in rows if r.get("phase") == "rl" and "async/staleness" in r}
+    if not rl:
+        return []
+    steps = [rl[k] for k in sorted(rl)]
+    hist: dict[int, int] = {}
+    for r in steps:
+        hist[int(r["async/staleness"])] = hist.get(int(r["async/staleness"]), 0) + 1
+    last = steps[-1]
+    wait = sum(r.get("async/train_wait_s", 0.0) for r in steps)
+    roll = sum(r.get("async/rollout_s", 0.0) for r in steps)
+    wall = steps[-1]["time"] - steps[0]["time"] if len(steps) > 1 else 0.0
+    out = [
+        "## Async lifecycle",
+        "",
+        "- staleness of the trained batches (policy versions behind): "
+        + ", ".join(f"{k}: {v} steps" for k, v in sorted(hist.items())),
+        f"- batches produced {last['async/produced']:.0f} = trained {last['async/trained']:.0f} + dropped "
+        f"{last['async/dropped']:.0f} (too stale) + still buffered {last['async/buffered']:.0f}",
+        f"- the trainer waited {wait:.1f} s for rollouts over {wall:.1f} s of RL; the rollout thread sampled "
+        f"{roll:.1f} s (overlap is lost where the trainer waits)",
+    ]
+    clipped = [r["is_weight_clipped_frac"] for r in steps if "is_weight_clipped_frac" in r]
+    if clipped:
+        top = max(r.get("is_weight_raw_max", 0.0) for r in steps)
+        out.append(
+            f"- off-policy weights: {100 * sum(clipped) / len(clipped):.2f}% of tokens/steps clipped on "
+            f"average, largest raw weight {top:.3f}"
+        )
+    return [*out, ""]
+
+
 def write_report(
     run_dir: str | Path,
     *,
@@ -70,6 +104,7 @@ def write_report(
     notes: list[str] | None = None,
     images: list[str] | None = None,
     outcomes: dict[str, dict[str, list[float]]] | None = None,
+    rows: list[dict[str, Any]] | None = None,
 ) -> Path:
     """``evals`` maps a stage name ("init", "sft", "rl@N", "rl") to its held-out metrics, in run
     order; ``outcomes`` (same names) holds each evaluation's per-prompt, per-sample successes for
@@ -88,6 +123,7 @@ def write_report(
             lines.append(f"| {stage} | " + " | ".join(_fmt(m.get(k)) for k in keys) + " |")
         gain = gain_lines(evals, outcomes)
         lines += [*([""] if gain else []), *gain, ""]
+    lines += async_lines(rows or [])
     if timings:
         total = sum(timings.values())
         lines += ["## Time", ""] + [f"- {k}: {v:.1f} s" for k, v in timings.items()]

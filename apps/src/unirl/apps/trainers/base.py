@@ -487,7 +487,8 @@ def run_trainer(
         trainer = factory(recipe, rd)
         with stop.installed():
             trainer.run_all(mode, stop)
-        plot_metrics(read_metrics(rd.root / "metrics.jsonl"), rd.plots)
+        rows = read_metrics(rd.root / "metrics.jsonl")
+        plot_metrics(rows, rd.plots)
         plot_eval_curve(trainer.evals, trainer.eval_steps, trainer.eval_outcomes, rd.plots)
         report = write_report(
             rd.root,
@@ -498,6 +499,7 @@ def run_trainer(
             timings=trainer.timings,
             images=list(dict.fromkeys(trainer.grids)),  # an evaluation run again saves the same file
             notes=["stopped early by the user (checkpoint saved)"] if stop.stop else None,
+            rows=rows,
         )
         log.info("report: %s", report)
     finally:
