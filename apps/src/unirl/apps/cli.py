@@ -37,7 +37,9 @@ tb/ (TensorBoard), plots/*.png, samples/*.png, checkpoints/ and report.md.
 
 def trainer_module(kind: object) -> ModuleType:
     if kind not in TRAINERS:
-        raise RecipeError(f"recipe field trainer={kind!r} is not one of {sorted(TRAINERS)}")
+        raise RecipeError(
+            f"recipe field trainer={kind!r} is not one of {sorted(TRAINERS)}; fix: set trainer to one of them"
+        )
     return importlib.import_module(TRAINERS[str(kind)])
 
 

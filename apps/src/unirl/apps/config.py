@@ -6,9 +6,11 @@ the value received and what is allowed.
 
 from __future__ import annotations
 
+import difflib
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from types import UnionType
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -131,23 +133,130 @@ def _merge_into_list(old: ListConfig, by_index: DictConfig, where: str) -> ListC
     return out
 
 
-def format_validation_error(err: ValidationError) -> str:
+def format_validation_error(
+    err: ValidationError, data: Any = None, model: type[BaseModel] | None = None
+) -> str:
+    """One line per error: the recipe path, what is wrong, the value received and a fix.
+
+    With ``data`` (the validated input) the union tags pydantic puts in its locations
+    (``rl.algorithm.grpo.eps_low``) are dropped, so the path is the one a recipe or an override
+    writes (``rl.algorithm.eps_low``); with ``model`` an unknown field gets the known ones here."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"])
+        loc = tuple(e["loc"])
+        path = _recipe_path(loc, data, missing=e["type"] == "missing") if data is not None else ""
+        path = path or ".".join(str(x) for x in loc)
         got = e.get("input")
+        ctx = e.get("ctx") or {}
+        if e["type"] == "union_tag_invalid":
+            got = ctx.get("tag", got)
         shown = repr(got) if not isinstance(got, dict) else "{...}"
         if len(shown) > 80:
             shown = shown[:77] + "..."
-        lines.append(f"  {loc}: {e['msg']} (got {shown})")
+        msg = e["msg"]
+        if e["type"] == "value_error":
+            # a validator's own message names its fields, the value and the fix; the input is the
+            # whole section, so showing it adds nothing
+            msg = msg.removeprefix("Value error, ")
+            lines.append(f"  {path}: {msg}" if path else f"  {msg}")
+            continue
+        fix = _fix_hint(e["type"], ctx, path, loc, model)
+        lines.append(f"  {path}: {msg} (got {shown}); fix: {fix}")
     return "\n".join(lines)
+
+
+def _recipe_path(loc: tuple[Any, ...], data: Any, *, missing: bool) -> str:
+    """``loc`` as the recipe path: elements that are not keys of the input are union tags, except
+    the last element of a missing field (the field the recipe lacks)."""
+    parts: list[str] = []
+    node = data
+    for i, x in enumerate(loc):
+        if (isinstance(node, dict) and x in node) or (
+            isinstance(node, list | tuple) and isinstance(x, int) and 0 <= x < len(node)
+        ):
+            node = node[x]
+        elif isinstance(node, dict) and not (missing and i == len(loc) - 1):
+            continue  # a union tag
+        else:
+            node = None
+        parts.append(str(x))
+    return ".".join(parts)
+
+
+def _fix_hint(kind: str, ctx: dict[str, Any], path: str, loc: tuple[Any, ...], model: Any) -> str:
+    bounds = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+    if kind in bounds:
+        limit = next(iter(ctx.values()), "?")
+        return f"set {path} to a value {bounds[kind]} {limit}"
+    if kind == "extra_forbidden":
+        known = _fields_at(model, loc[:-1])
+        if not known:
+            return f"remove {path} (the section has no such field)"
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else f"remove {path}; "
+        return hint + f"the fields here are {', '.join(sorted(known))}"
+    if kind == "union_tag_invalid":
+        return f"set {path}.kind to one of {ctx.get('expected_tags', '?')}"
+    if kind == "literal_error":
+        return f"set {path} to one of {ctx.get('expected', '?')}"
+    if kind == "missing":
+        return f"add {path}"
+    types = {"int": "a whole number", "float": "a number", "bool": "true or false", "string": "a string"}
+    for prefix, what in types.items():
+        if kind.startswith(prefix):
+            return f"set {path} to {what}"
+    if kind in ("tuple_type", "list_type", "set_type"):
+        return f"set {path} to a list, e.g. {path}=[a,b]"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"set {path} to a mapping, e.g. {path}={{key: value}}"
+    return f"see the description of {path} in the config model"
+
+
+def _fields_at(model: Any, loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the config model at pydantic location ``loc`` (union tags included), or []."""
+    tp: Any = model
+    for x in loc:
+        tp = _step(_unwrap(tp), x)
+        if tp is None:
+            return []
+    tp = _unwrap(tp)
+    return list(tp.model_fields) if isinstance(tp, type) and issubclass(tp, BaseModel) else []
+
+
+def _unwrap(tp: Any) -> Any:
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    if get_origin(tp) in (Union, UnionType):
+        members = [a for a in get_args(tp) if a is not type(None)]
+        if len(members) == 1:
+            return _unwrap(members[0])
+    return tp
+
+
+def _step(tp: Any, x: Any) -> Any:
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        field = tp.model_fields.get(str(x))
+        return None if field is None else field.annotation
+    origin = get_origin(tp)
+    if origin in (Union, UnionType):  # x is the tag: the member whose `kind` admits it
+        for member in get_args(tp):
+            m = _unwrap(member)
+            kind = m.model_fields.get("kind") if isinstance(m, type) and issubclass(m, BaseModel) else None
+            if kind is not None and x in get_args(_unwrap(kind.annotation)):
+                return m
+        return None
+    if origin in (list, tuple) and isinstance(x, int):
+        return get_args(tp)[0]
+    if origin is dict:
+        return get_args(tp)[1]
+    return None
 
 
 def validate(model: type[C], data: dict[str, Any], source: str = "recipe") -> C:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise RecipeError(f"{source} is invalid:\n{format_validation_error(e)}") from None
+        raise RecipeError(f"{source} is invalid:\n{format_validation_error(e, data, model)}") from None
 
 
 def load(model: type[C], recipe: str, overrides: list[str] | None = None) -> C:

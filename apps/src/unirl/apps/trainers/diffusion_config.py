@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from unirl.apps.data import PromptListConfig
-from unirl.apps.models import DiffusionModelConfig
+from unirl.apps.models import DiffusionModelConfig, TinyShapesModelConfig
 from unirl.apps.trainers.phases import RLPhase, RunSettings, SFTPhaseBase
 from unirl.apps.worlds.shapes_source import ShapesDataConfig
 from unirl.reward.config import ServiceConfig
@@ -40,6 +40,27 @@ class Recipe(RunSettings):
             raise ValueError(
                 f"backend.kind={self.backend.kind!r}: diffusion recipes train on kind: fsdp for now (the "
                 "megatron backend serves causal LMs; an MMDiT on megatron-core blocks is not built yet)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _pixel_sizes(self) -> Recipe:
+        """The pixel-space tiny model samples at its own resolution, on images of the data's size:
+        otherwise the U-Net would fail (or silently resize) only once a model is built."""
+        if not isinstance(self.model, TinyShapesModelConfig):
+            return self
+        res = self.model.resolution
+        if (self.sampling.height, self.sampling.width) != (res, res):
+            raise ValueError(
+                f"sampling.height={self.sampling.height}, sampling.width={self.sampling.width} but "
+                f"model.resolution={res}: the tiny pixel model samples {res}x{res} images; set "
+                f"sampling.height={res} sampling.width={res} (or change model.resolution)"
+            )
+        data_res = getattr(self.data, "resolution", res)
+        if data_res != res:
+            raise ValueError(
+                f"data.resolution={data_res} but model.resolution={res}: SFT images and the model must "
+                f"have one size; set data.resolution={res} (or model.resolution={data_res} and the sampling sizes)"
             )
         return self
 

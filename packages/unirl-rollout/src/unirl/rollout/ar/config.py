@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from unirl.rollout.ar.bundle import CausalLMBundle
 from unirl.rollout.ar.pipeline import ARPipeline
@@ -27,6 +27,22 @@ class TinyQwen3Spec(_Config):
     max_position_embeddings: int = Field(default=256, ge=2, description="context window in tokens")
     characters: str = Field(default=DEFAULT_CHARACTERS, min_length=1, description="the character vocabulary")
     seed: int = Field(default=0, ge=0, description="weight-initialisation seed")
+
+    @model_validator(mode="after")
+    def _heads(self) -> TinyQwen3Spec:
+        # checked here, not when transformers builds the model: a bad split must fail at load time
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} does not divide hidden_size={self.hidden_size} (head_dim is "
+                "hidden_size // num_heads: the attention would be narrower than the model); pick num_heads "
+                "among the divisors of hidden_size (or change hidden_size)"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads} (grouped "
+                "query attention shares each KV head among a whole number of heads); pick a divisor"
+            )
+        return self
 
 
 class CausalLMConfig(_Config):
