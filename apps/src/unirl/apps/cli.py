@@ -18,6 +18,7 @@ DEFAULT_RECIPE = "shapes_nft"
 TRAINERS = {
     "diffusion": "unirl.apps.trainers.diffusion",
     "ar": "unirl.apps.trainers.ar",
+    "pe": "unirl.apps.trainers.pe",
 }
 """Recipe `trainer:` value -> module with `Recipe` (pydantic) and `run(recipe, run_dir, mode)`."""
 

@@ -1,0 +1,405 @@
+"""PETrainer: the prompt enhancer on the shared lifecycle (see base.py).
+
+An AR policy rewrites each user prompt (``samples_per_prompt`` rewrites a prompt); the diffusion
+model renders every rewrite ``images_per_rewrite`` (M) times; the reward scores each image against
+the ORIGINAL prompt (its canonical meaning, ``metadata.answer``, not the rewrite). Lineage
+(``unirl.types.lineage``): each rewrite is a parent Sample holding the ``ar`` Part, each render a
+child Sample (group id = the parent's id) holding a copy of the rewrite and its ``diffusion`` Part.
+The parent is credited with the mean / max / min of its children's rewards; advantages per Part:
+AR grouped by prompt, images grouped by AR sample.
+
+Two sibling TrainStacks, each optional (``ar.rl`` / ``diffusion.rl`` null = frozen): the enhancer
+alone, the renderer alone on enhanced prompts, or both, each with its own algorithm, backend
+(optimizer, LR schedule), LR and update cadence. One checkpoint holds both stacks (atomic).
+Evaluation renders held-out user prompts through the enhancer (greedy AR, ODE renderer) and, with
+``eval_unenhanced``, straight from the raw prompts: the un-enhanced baseline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from unirl.apps.data import draw
+from unirl.apps.loop import StopFlag, make_samples
+from unirl.apps.plots import sample_grid
+from unirl.apps.progress import PhaseProgress
+from unirl.apps.run_dir import RunDir
+from unirl.apps.trainers.base import Trainer, run_trainer, set_base_lr
+from unirl.apps.trainers.pe_config import Recipe
+from unirl.reward.service import RewardService, sample_to_item
+from unirl.rollout.ar import ARPipeline
+from unirl.rollout.engines import TrainsideEngine
+from unirl.rollout.engines.composed import ComposedEngine
+from unirl.rollout.pipelines import FlowMatchPipeline
+from unirl.train.geometry import BatchGeometry
+from unirl.train.stack import TrainStack
+from unirl.types import (
+    LatentTrajectory,
+    Part,
+    Reward,
+    Sample,
+    TextPrimitive,
+    TextSegment,
+    compute_sample_advantages,
+    to_numpy,
+)
+from unirl.types.lineage import credit_parents, expand_children
+
+__all__ = ["OriginalPromptReward", "PETrainer", "Recipe", "run"]
+
+AR, DIFFUSION = "ar", "diffusion"
+
+
+class OriginalPromptReward:
+    """A RewardService that scores each Part against the ORIGINAL prompt: the record's canonical
+    meaning (``metadata.answer``, what the user's terse prompt says in the grammar the checker
+    reads) when there is one, else the Sample's own input text. Never the rewrite."""
+
+    def __init__(self, service: RewardService) -> None:
+        self.service = service
+
+    def score_samples(
+        self, samples: list[Sample], part_name: str, prompt_part: str | None = None
+    ) -> list[Reward]:
+        if prompt_part is not None:
+            raise ValueError(
+                "OriginalPromptReward scores against the original prompt; prompt_part must be None"
+            )
+        items = [sample_to_item(s, part_name) for s in samples]
+        items = [
+            dataclasses.replace(it, prompt=s.metadata.answer) if s.metadata.answer is not None else it
+            for it, s in zip(items, samples)
+        ]
+        out = []
+        for s, r in zip(samples, self.service.score(items)):
+            reward = Reward(total=r.total, components=dict(r.components))
+            s.part(part_name).reward = reward
+            out.append(reward)
+        return out
+
+
+@dataclass
+class Side:
+    """One sibling stack: its backend, pipeline (replay), RL settings (None = frozen) and algorithm."""
+
+    name: str
+    backend: Any
+    pipeline: Any
+    rl: Any
+    algorithm: Any
+
+
+@dataclass
+class PEBatch:
+    """One PE step's rollout: the rewrites (parents) and their renders (children)."""
+
+    step: int
+    parents: list[Sample]
+    children: list[Sample]
+
+
+class StacksCheckpoint:
+    """Both stacks as one backend for ``save_checkpoint`` / ``load_checkpoint``: one atomic
+    checkpoint, so the two can never be restored from different steps. One process only."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self, backends: dict[str, Any]) -> None:
+        self.backends = backends
+
+    @property
+    def global_step(self) -> int:
+        return sum(b.global_step for b in self.backends.values())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {n: b.state_dict() for n, b in self.backends.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        missing = set(self.backends) - set(state)
+        if missing:
+            raise ValueError(
+                f"the checkpoint has no state for stack(s) {sorted(missing)}; saved: {sorted(state)}"
+            )
+        for n, b in self.backends.items():
+            b.load_state_dict(state[n])
+
+
+class PETrainer(Trainer):
+    stage = DIFFUSION  # what a PE run is judged on: the render, scored against the original prompt
+
+    def __init__(self, recipe: Recipe, run_dir: RunDir) -> None:
+        super().__init__(recipe, run_dir)
+        a, d = recipe.ar, recipe.diffusion
+        self.data = recipe.data.build()
+        # the enhancer
+        self.ar_bundle = a.model.model_copy(update={"device": str(self.device)}).build()
+        self.ar_pipeline = ARPipeline(self.ar_bundle, a.sampling, stage=AR, prompt_template=a.prompt_template)
+        self.ar_backend = a.backend.build(self.ar_bundle.model, device=self.device)
+        self.ar_engine = TrainsideEngine(self.ar_pipeline, weight_version=lambda: self.ar_backend.global_step)
+        # the renderer (self.backend / self.pipeline: the diffusion stack, as in DiffusionTrainer)
+        self.bundle = d.model.build(self.device, recipe.seed)
+        d_alg = d.rl.algorithm if d.rl is not None else None
+        overrides = getattr(d_alg, "sampling_overrides", None)
+        params = d.sampling.model_copy(update=overrides()) if callable(overrides) else d.sampling
+        self.pipeline = FlowMatchPipeline(
+            self.bundle,
+            stage=DIFFUSION,
+            default_params=params,
+            prompt_part=AR,
+            record_old_means=d_alg is not None and d_alg.kind == "flow_dppo",
+        )
+        self.backend = d.backend.build(self.bundle.transformer, device=self.device)
+        self.d_engine = TrainsideEngine(self.pipeline, weight_version=lambda: self.backend.global_step)
+        # evaluation: ODE renders of the rewrites (the PE engine: ar -> diffusion) or of the raw prompts
+        noise = params.noise.model_copy(update={"scope": "sample"})
+        ode = params.model_copy(update={"eta": 0.0, "sde_strategy": "ode", "noise": noise})
+        self.engine = ComposedEngine(
+            [
+                (AR, self.ar_engine),
+                (
+                    DIFFUSION,
+                    TrainsideEngine(
+                        FlowMatchPipeline(self.bundle, stage=DIFFUSION, default_params=ode, prompt_part=AR)
+                    ),
+                ),
+            ]
+        )
+        self.raw_engine = TrainsideEngine(FlowMatchPipeline(self.bundle, stage=DIFFUSION, default_params=ode))
+        self.unenhanced = False  # evaluate() on the raw prompts (the baseline)
+        self.reward = OriginalPromptReward(RewardService.local(recipe.reward))
+        self.sides = {
+            AR: self._side(AR, self.ar_backend, self.ar_pipeline, a.rl),
+            DIFFUSION: self._side(DIFFUSION, self.backend, self.pipeline, d.rl),
+        }
+        self.algorithm = None  # each Side has its own
+        self.batch: PEBatch | None = None  # collect's rollout, consumed by the train step
+
+    def _side(self, name: str, backend: Any, pipeline: Any, rl: Any) -> Side:
+        alg = rl.algorithm.build() if rl is not None else None
+        if alg is not None and getattr(rl.algorithm, "kl_coef", 0.0):
+            from unirl.train.algorithms import ContextReference
+
+            alg.set_reference(ContextReference(pipeline, backend.reference_weights))
+        return Side(name, backend, pipeline, rl, alg)
+
+    # ---- SFT: the renderer's phase, then the enhancer's ---------------------------------------
+    def sft(self, stop: StopFlag) -> None:
+        plan = self.cfg.sft
+        if plan is None:
+            return
+        t0 = time.time()
+        phases = (
+            (DIFFUSION, plan.diffusion, 0, plan.diffusion_steps),
+            (AR, plan.ar, plan.diffusion_steps, plan.steps),
+        )
+        for name, phase, start, end in phases:
+            if phase is None or self.sft_step >= end or stop.stop:
+                continue
+            side = self.sides[name]
+            if phase.lr is not None:
+                set_base_lr(side.backend, phase.lr)
+            geometry = BatchGeometry(
+                micro_batch_size=min(phase.micro_batch_size or phase.batch_size, phase.batch_size)
+            )
+            stack = TrainStack(side.backend, phase.algorithm.build(), side.pipeline, geometry)
+            with PhaseProgress(f"sft {name}", end - self.sft_step) as bar:
+                while self.sft_step < end and not stop.stop:
+                    parts = self.sft_parts_of(name, phase.batch_size, self.sft_step - start)
+                    m = stack.train_on(parts)
+                    self.run.log(self.sft_step, {f"{name}/{k}": v for k, v in m.items()}, phase="sft")
+                    bar.advance(loss=m.get("loss", float("nan")))
+                    self.sft_step += 1
+        self._timed("sft", t0)
+
+    def sft_parts_of(self, name: str, batch_size: int, step: int) -> list[Part]:
+        if name == AR:
+            eos = self.ar_bundle.eos_token_ids[0]
+            parts = []
+            for prompt, target in self.data.sft_pairs(batch_size, seed=self.cfg.seed, step=step):
+                ids = self.ar_bundle.encode_prompt(self.cfg.ar.prompt_template.format(prompt=prompt))
+                response = [*self.ar_bundle.tokenizer.encode(target, add_special_tokens=False), eos]
+                seg = TextSegment(prompt_ids=ids, response_ids=response)
+                parts.append(
+                    Part(
+                        name=AR,
+                        segment=seg,
+                        sampling_params=self.cfg.ar.sampling,
+                        outputs=[TextPrimitive(text=target)],
+                    )
+                )
+            return parts
+        images, captions = self.data.sft_examples(batch_size, seed=self.cfg.seed, step=step)
+        with torch.no_grad():
+            x0 = self.bundle.encode_images(torch.from_numpy(images).to(self.device)).float().cpu()
+        conds = self.bundle.encode_prompts(captions)
+        return [
+            Part.model_construct(
+                name=DIFFUSION,
+                segment=LatentTrajectory.model_construct(
+                    kind="latent", latents=x[None], positions=[1], sigmas=[1.0, 0.0], sde_indices=[]
+                ),
+                conditions=c,
+                outputs=[],
+                status="completed",
+            )
+            for x, c in zip(x0, conds)
+        ]
+
+    # ---- RL: prompts -> rewrites -> renders -> reward -> credit -> advantages -> both stacks ----
+    def collect(
+        self, phase: Any, train: list[Any], step: int, rollout: Any = None
+    ) -> tuple[list[Sample], dict[str, float]]:
+        """One PE step's rollout; returns the renders (the loop logs their reward) and keeps the
+        rewrites for the train step (``self.batch``)."""
+        if rollout is not None:
+            raise ValueError("the PE trainer samples with its own two engines (no async rollout copy)")
+        records = draw(train, phase.prompts_per_step, seed=self.cfg.seed, step=step)
+        parents = make_samples(
+            records,
+            step=step,
+            samples_per_prompt=phase.samples_per_prompt,
+            split="train",
+            dataset=self.data.name,
+        )
+        parents = self.ar_engine.generate(parents, rollout_step=step)
+        children = self.d_engine.generate(
+            expand_children(parents, phase.images_per_rewrite, AR), rollout_step=step
+        )
+        self.reward.score_samples(children, DIFFUSION)
+        ar_rewards = credit_parents(parents, children, AR, DIFFUSION, phase.credit)
+        for side, samples in ((self.sides[AR], parents), (self.sides[DIFFUSION], children)):
+            if side.rl is not None:
+                compute_sample_advantages(samples, side.name, side.rl.advantage)
+        self.batch = PEBatch(step, parents, children)
+        exact = [s.part(AR).text.strip() == s.metadata.answer for s in parents]
+        return children, {
+            "ar/reward_mean": float(np.mean(ar_rewards)),
+            "ar/rewrite_exact": float(np.mean(exact)),
+            "groups_with_signal": _signal(parents, AR),
+            "diffusion/groups_with_signal": _signal(children, DIFFUSION),
+        }
+
+    def begin_phase(self, name: str, *, starting: bool = False) -> Any:
+        if name != "rl":
+            raise ValueError(f"PETrainer.begin_phase({name!r}): its SFT runs in sft()")
+        stacks: dict[str, TrainStack] = {}
+        for side in self.sides.values():
+            if side.rl is None:
+                continue  # frozen: samples, never steps
+            if starting and side.rl.reset_optimizer:
+                side.backend.reset_optimizer()
+            if (
+                starting
+                and getattr(side.backend, "snapshot_reference", None)
+                and self._reference(side) == "frozen_copy"
+            ):
+                side.backend.snapshot_reference()
+            if side.rl.lr is not None:
+                set_base_lr(side.backend, side.rl.lr)
+            stacks[side.name] = TrainStack(side.backend, side.algorithm, side.pipeline, side.rl.geometry)
+        return lambda parts: self.train_step(stacks, parts)
+
+    def _reference(self, side: Side) -> str:
+        return str(getattr(getattr(self.cfg, side.name).backend, "reference", "none"))
+
+    def train_step(self, stacks: dict[str, TrainStack], parts: list[Part]) -> dict[str, float]:
+        """Train each trainable stack whose cadence falls on this step: the AR stack on the
+        rewrites, the diffusion stack on the renders (``parts``, the loop's view of them)."""
+        batch, self.batch = self.batch, None
+        if (
+            batch is None
+            or len(parts) != len(batch.children)
+            or any(p is not c.part(DIFFUSION) for p, c in zip(parts, batch.children))
+        ):
+            raise RuntimeError(
+                "PETrainer.train_step got parts that are not the renders of the last collect()"
+            )
+        m: dict[str, float] = {}
+        loss = 0.0
+        for name, stack in stacks.items():
+            if batch.step % self.sides[name].rl.every:
+                continue
+            samples = batch.parents if name == AR else batch.children
+            sm = stack.train_on([s.part(name) for s in samples])
+            loss += sm.get("loss", 0.0)
+            m |= {f"{name}/{k}": v for k, v in sm.items()}
+        return m | {"loss": loss}
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    def eval_params(self) -> Any:
+        return self.cfg.ar.eval_sampling or self.cfg.ar.sampling.model_copy(update={"top_k": 1})
+
+    def sample_prompts(self, records: Any, samples_per_prompt: int, params: Any) -> list[Sample]:
+        """Held-out prompts rendered through the enhancer (``params``: its sampling), or from the raw
+        prompts while ``self.unenhanced``; the renderer samples with the ODE."""
+        samples = make_samples(
+            list(records), step=0, samples_per_prompt=samples_per_prompt, split="eval", dataset=self.data.name
+        )
+        if self.unenhanced:
+            return self.raw_engine.generate(samples, rollout_step=0)
+        for s in samples:
+            s.ensure_part(AR).sampling_params = params
+        return self.engine.generate(samples, rollout_step=0)
+
+    def evaluate(self, name: str, *, step: int, grid: bool = False) -> dict[str, float]:
+        m = super().evaluate(name, step=step, grid=grid)
+        base = name in ("sft", "eval") or (name == "rl" and self.cfg.diffusion.rl is not None)
+        if self.cfg.eval_unenhanced and base and not self.unenhanced:
+            self.unenhanced = True
+            try:
+                super().evaluate(f"{name}_unenhanced", step=step, grid=grid)
+            finally:
+                self.unenhanced = False
+        return m
+
+    def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path:
+        imgs = [np.asarray(to_numpy(s.part(DIFFUSION).outputs[0].pixels)) for s in samples]
+        labels = [
+            f"{s.prompt} -> {s.part(AR).text.strip() if not self.unenhanced else '(raw)'} | r={r:.2f}"
+            for s, r in zip(samples, rewards)
+        ]
+        return sample_grid(imgs, labels, path)
+
+    # ---- checkpoints: both stacks in one atomic checkpoint ------------------------------------
+    def save(self) -> None:
+        from unirl.train.checkpoint import save_checkpoint
+
+        ckpt = StacksCheckpoint({AR: self.ar_backend, DIFFUSION: self.backend})
+        save_checkpoint(self.run.checkpoints / "latest", ckpt, extra=self.cursor(), format="full")
+
+    def resume(self) -> bool:
+        from unirl.apps.loop import latest_checkpoint
+        from unirl.train.checkpoint import load_checkpoint
+
+        ckpt = latest_checkpoint(self.run.root)
+        if ckpt is None:
+            return False
+        extra = load_checkpoint(ckpt, StacksCheckpoint({AR: self.ar_backend, DIFFUSION: self.backend}))
+        self.restore_cursor(extra)
+        return True
+
+
+def _signal(samples: list[Sample], part: str) -> float:
+    """The fraction of groups whose rewards differ (the groups that carry a gradient)."""
+    groups: dict[str, set[float]] = {}
+    for s in samples:
+        groups.setdefault(s.group_id, set()).add(s.part(part).reward.total)  # type: ignore[union-attr]
+    return float(np.mean([len(v) > 1 for v in groups.values()]))
+
+
+def run(recipe: Recipe, run_dir: Path, *, mode: str = "train", recipe_name: str = "") -> int:
+    return run_trainer(
+        PETrainer,
+        recipe,
+        run_dir,
+        mode=mode,
+        recipe_name=recipe_name,
+        title=f"unirl prompt-enhancer run: {recipe_name}",
+    )
