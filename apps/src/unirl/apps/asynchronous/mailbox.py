@@ -2,8 +2,10 @@
 
 The trainer ``publish``es a snapshot of the policy after each RL step (CPU copies, so it trains on
 at once); the rollout side keeps sampling with the weights it holds and swaps the newest snapshot
-in between batches (``RolloutCopy.refresh``). Every swap is verified: the receiver's stamp
-(checksum over what it loaded, in order) must equal the trainer's.
+in between batches (``RolloutCopy.refresh``). Every swap is verified before anything is loaded:
+the snapshot's stamp (checksum over its tensors, in order), recomputed on the rollout side, must
+equal the one the trainer took at publish, each tensor's dtype and shape must match the copy's,
+and the version must not go back.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from unirl.distributed.errors import StaleWeightVersionError
 from unirl.distributed.weightsync.protocol import full_tensor
 from unirl.rollout.engines.guards import check_weight_stamp, weight_stamp
 from unirl.types import WeightStamp
@@ -62,6 +65,7 @@ class RolloutCopy:
         self.params = dict(module.named_parameters())
         self.version = -1  # the policy version held (-1: none loaded yet)
         self.weight_version = 0  # its optimizer step, stamped on the Parts it generates
+        self.stamp: WeightStamp | None = None  # the stamp of the snapshot held
 
     def refresh(self, mailbox: WeightMailbox, min_version: int) -> int:
         """Load the newest snapshot if it is newer than what is held; the version now held.
@@ -71,6 +75,14 @@ class RolloutCopy:
         if snap is None or snap.version < min_version:
             have = None if snap is None else snap.version
             raise RuntimeError(f"async rollout needs policy version >= {min_version}; the mailbox has {have}")
+        if snap.version < self.version or (snap.version == self.version and snap.stamp != self.stamp):
+            # a mailbox rebuilt (or restored) behind the copy: loading it would move the policy back
+            kind = "stale" if snap.version < self.version else "repeated (with other weights)"
+            raise StaleWeightVersionError(
+                f"async rollout copy holds policy v{self.version}; the mailbox offers {kind} v{snap.version}. "
+                "Versions must increase with every publish: publish the trainer's current policy as "
+                f"v{self.version + 1} or later"
+            )
         if snap.version == self.version:
             return self.version
         names = [n for n, _ in snap.tensors]
@@ -81,10 +93,21 @@ class RolloutCopy:
                 f"async weight snapshot v{snap.version} does not match the rollout copy: unknown "
                 f"{unknown[:3]}, missing {missing[:3]} (is the copy built like the trained module?)"
             )
+        # verified before loading, so a snapshot corrupted after publish never reaches the copy.
+        # Loading is then a same-dtype, same-shape copy_ (checked first: no silent cast or
+        # broadcast), so the loaded bytes are the verified ones without hashing them again.
+        check_weight_stamp(
+            weight_stamp(snap.tensors, snap.stamp.version), snap.stamp, "async weight snapshot"
+        )
+        for n, t in snap.tensors:
+            p = self.params[n]
+            if (p.dtype, p.shape) != (t.dtype, t.shape):
+                raise RuntimeError(
+                    f"async weight snapshot v{snap.version}: {n!r} is {t.dtype} {tuple(t.shape)}, the rollout "
+                    f"copy's is {p.dtype} {tuple(p.shape)} (is the copy built like the trained module?)"
+                )
         with torch.no_grad():
             for n, t in snap.tensors:
                 self.params[n].copy_(t)
-        got = weight_stamp(((n, self.params[n].detach().cpu()) for n in names), snap.stamp.version)
-        check_weight_stamp(got, snap.stamp, "async rollout copy")
-        self.version, self.weight_version = snap.version, snap.stamp.version
+        self.version, self.weight_version, self.stamp = snap.version, snap.stamp.version, snap.stamp
         return self.version

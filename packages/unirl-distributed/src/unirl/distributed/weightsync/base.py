@@ -127,6 +127,14 @@ class BucketedWeightSync(abc.ABC):
                 f"{self.name}: malformed ticket v{ticket.version}: {n} buckets, "
                 f"{len(ticket.bucket_checksums)} checksums, {len(ticket.payload)} payload refs"
             )
+        if overall_checksum(ticket.version, ticket.bucket_checksums) != ticket.checksum:
+            # a bucket dropped from (or a checksum altered in) the ticket: caught before any bucket
+            # is loaded, not by the overall check after the others were sunk
+            raise WeightSyncError(
+                f"{self.name}: ticket v{ticket.version}'s {n} bucket checksums do not hash to its overall "
+                f"checksum {ticket.checksum}: a bucket was dropped or the ticket altered; nothing was "
+                "loaded, resync this version from the trainer"
+            )
         self.received.check(ticket.version)
         return ticket
 

@@ -54,6 +54,11 @@ class InProcessBlobStore:
 
     def get(self, ref: Any) -> bytes:
         """Look up ``ref``."""
+        if ref not in self.blobs:
+            raise WeightSyncError(
+                f"bucket {ref!r} is not in the blob store (freed by confirm, dropped, or never put); "
+                "resync this version from the trainer"
+            )
         return self.blobs[ref]
 
     def free(self, refs: Sequence[Any]) -> None:
@@ -108,8 +113,9 @@ class TensorBucketSync(BucketedWeightSync):
         return self.store.put(data)
 
     def _fetch(self, metas: tuple[TensorMeta, ...], payload: Any) -> list[torch.Tensor]:
+        data = self.store.get(payload)
         try:
-            loaded = st_load(self.store.get(payload))
+            loaded = st_load(data)
         except Exception as exc:  # safetensors raises its own error types on malformed bytes
             raise WeightSyncError(f"{self.name}: bucket bytes are not valid safetensors ({exc})") from exc
         if set(loaded) != {m.name for m in metas}:
