@@ -25,6 +25,7 @@ the one window where `<dir>` is briefly absent. Multi-rank runs need a filesyste
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -108,27 +109,77 @@ def save_checkpoint(
         return _save_sharded(final, tmp, backend, extra_text, files or {})
     state = backend.state_dict()  # collective: every rank takes part
     rank = backend.rank
-    if rank == 0:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-    _barrier(backend)
-    torch.save(capture_rng_state(), tmp / f"rng-{rank}.pt")
-    if rank == 0:
-        torch.save(state, tmp / "state.pt")
-        (tmp / "extra.json").write_text(extra_text)
-        _write_files(tmp, files or {})
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "global_step": backend.global_step,
-            "world_size": backend.world_size,
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta))
-    _barrier(backend)
-    if rank == 0:
-        _replace_dir(tmp, final)
-    _barrier(backend)
+    error: OSError | None = None
+    try:
+        if rank == 0:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+    except OSError as e:
+        error = e
+    _all_wrote(error, final, tmp, backend)  # also the barrier: rank 0 made `tmp`
+    try:
+        torch.save(capture_rng_state(), tmp / f"rng-{rank}.pt")
+        if rank == 0:
+            torch.save(state, tmp / "state.pt")
+            (tmp / "extra.json").write_text(extra_text)
+            _write_files(tmp, files or {})
+            meta = {
+                "format_version": FORMAT_VERSION,
+                "global_step": backend.global_step,
+                "world_size": backend.world_size,
+            }
+            (tmp / "meta.json").write_text(json.dumps(meta))
+    except OSError as e:
+        error = e
+    _all_wrote(error, final, tmp, backend)
+    try:
+        if rank == 0:
+            _replace_dir(tmp, final)
+    except OSError as e:
+        error = e
+    _all_wrote(error, final, tmp, backend)
     return final
+
+
+def _all_wrote(error: OSError | None, final: Path, tmp: Path, backend: TrainBackend) -> None:
+    """Collective: return when every rank's writes succeeded; else every rank raises (none hangs
+    in a barrier), rank 0 after deleting the unfinished `tmp` (a full disk gets its space back)."""
+    if sharded.all_ok(error is None, backend.world_size):
+        return
+    if backend.rank == 0 and read_meta(tmp) is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if error is not None:
+        raise save_error(error, final) from error
+    raise RuntimeError(f"checkpoint save to {final} failed on another rank (see its error); nothing replaced")
+
+
+_WHY = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "no permission to write there",
+    errno.EPERM: "no permission to write there",
+}
+
+
+def save_error(error: OSError, final: Path) -> OSError:
+    """The OSError a failed save raises: what failed, what is left, what to do (errno kept)."""
+    prev = latest_complete(final)
+    meta = read_meta(prev) if prev is not None else None
+    kept = (
+        f"the last complete checkpoint, {prev} (global step {meta['global_step']}), is intact and is what "
+        "a resume loads"
+        if prev is not None and meta is not None
+        else f"there was no previous checkpoint at {final}"
+    )
+    why = _WHY.get(error.errno or 0, error.strerror or type(error).__name__)
+    return OSError(
+        error.errno,
+        f"checkpoint save to {final} failed: {why} ({error}); nothing half-written is left and {kept}. "
+        f"Free space on (or make writable) {final.parent}, or give the run another directory, then save "
+        "or resume again",
+    )
 
 
 def _write_files(tmp: Path, files: dict[str, bytes]) -> None:
@@ -154,12 +205,21 @@ def _save_sharded(
             f"{type(backend).__name__} has none: use format='full'"
         )
     rank, world = backend.rank, backend.world_size
-    if rank == 0:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-    _barrier(backend)
-    index = sharded.write_shards(tmp, state_fn(), rank, world)  # collective; raises on every rank
+    made: OSError | None = None
+    try:
+        if rank == 0:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+    except OSError as e:
+        made = e
+    _all_wrote(made, final, tmp, backend)  # also the barrier: rank 0 made `tmp`
+    try:
+        index = sharded.write_shards(tmp, state_fn(), rank, world)  # collective; raises on every rank
+    except OSError as e:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise save_error(e, final) from e
     error: Exception | None = None
     if rank == 0:
         try:
@@ -178,6 +238,10 @@ def _save_sharded(
         except Exception as e:  # re-raised below once the other ranks know
             error = e
     if not sharded.all_ok(error is None, world):
+        if rank == 0 and read_meta(tmp) is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, OSError):
+            raise save_error(error, final) from error
         if error is not None:
             raise error
         raise RuntimeError(f"sharded checkpoint: rank 0 failed to finish {tmp}")
