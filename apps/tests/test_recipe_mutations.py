@@ -207,9 +207,8 @@ class _Built(Exception):
 
 @pytest.fixture
 def built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every trainer's ``run`` and every model config's ``build`` replaced by a recording sentinel."""
+    """Every trainer's ``run`` and the model configs' ``build`` replaced by a recording sentinel."""
     from unirl.apps import models
-    from unirl.apps.trainers import ar, diffusion
     from unirl.rollout.ar.config import CausalLMConfig
 
     calls: list[str] = []
@@ -221,8 +220,8 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
         return fire
 
-    monkeypatch.setattr(ar, "run", sentinel("ar.run"))
-    monkeypatch.setattr(diffusion, "run", sentinel("diffusion.run"))
+    for kind in cli.TRAINERS:  # every trainer the CLI can dispatch to
+        monkeypatch.setattr(cli.trainer_module(kind), "run", sentinel(f"{kind}.run"))
     for cfg in (CausalLMConfig, models.SD3ModelConfig, models.TinyShapesModelConfig):
         monkeypatch.setattr(cfg, "build", sentinel(f"{cfg.__name__}.build"))
     return calls
@@ -237,7 +236,7 @@ def test_unmutated_recipe_reaches_the_build(recipe: str, built: list[str], tmp_p
     """The control: without a mutation the CLI does get to the (patched) run."""
     with pytest.raises(_Built):
         _train(recipe, (), tmp_path)
-    assert built and built[0].endswith(".run")
+    assert built  # a trainer's run (or, before it, a model build) was reached
 
 
 @pytest.mark.parametrize("m", MUTATIONS, ids=lambda m: m.id)
