@@ -52,8 +52,8 @@ class ARPolicyConfig(AlgorithmConfigBase):
             raise ValueError("loss_agg_mode='seq-mean-token-sum-norm' needs horizon (e.g. max_new_tokens)")
         if self.off_policy is not None and self.old_logprobs != "recompute":
             raise ValueError(
-                f"off_policy is set but old_logprobs={self.old_logprobs!r}: the proximal policy is the "
-                "trainer's recomputation; set old_logprobs: recompute or drop off_policy"
+                f"off_policy needs old_logprobs='recompute' (got old_logprobs={self.old_logprobs!r}): the "
+                "proximal policy is the trainer's recomputation; set old_logprobs: recompute or drop off_policy"
             )
         return self
 

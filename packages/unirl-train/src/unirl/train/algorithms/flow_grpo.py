@@ -75,8 +75,8 @@ class FlowGRPOConfig(AlgorithmConfigBase):
     def _off_policy(self) -> FlowGRPOConfig:
         if self.off_policy is not None and self.old_logprobs != "recompute":
             raise ValueError(
-                f"off_policy is set but old_logprobs={self.old_logprobs!r}: the proximal policy is the "
-                "trainer's recomputation; set old_logprobs: recompute or drop off_policy"
+                f"off_policy needs old_logprobs='recompute' (got old_logprobs={self.old_logprobs!r}): the "
+                "proximal policy is the trainer's recomputation; set old_logprobs: recompute or drop off_policy"
             )
         if self.off_policy is not None and self.off_policy.level != "token":
             raise ValueError(
