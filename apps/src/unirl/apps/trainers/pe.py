@@ -172,7 +172,8 @@ class PETrainer(Trainer):
             ]
         )
         self.raw_engine = TrainsideEngine(FlowMatchPipeline(self.bundle, stage=DIFFUSION, default_params=ode))
-        self.unenhanced = False  # evaluate() on the raw prompts (the baseline)
+        self.unenhanced = False  # evaluate() on the raw user prompts (the un-enhanced baseline)
+        self.oracle = False  # evaluate() on the canonical captions (the renderer's ceiling)
         self.reward = OriginalPromptReward(RewardService.local(recipe.reward))
         self.sides = {
             AR: self._side(AR, self.ar_backend, self.ar_pipeline, a.rl),
@@ -344,6 +345,10 @@ class PETrainer(Trainer):
         )
         if self.unenhanced:
             return self.raw_engine.generate(samples, rollout_step=0)
+        if self.oracle:  # the canonical caption itself: the renderer's ceiling for a perfect rewrite
+            for s in samples:
+                s.inputs = [TextPrimitive(text=str(s.metadata.answer))]
+            return self.raw_engine.generate(samples, rollout_step=0)
         for s in samples:
             s.ensure_part(AR).sampling_params = params
         return self.engine.generate(samples, rollout_step=0)
@@ -351,12 +356,13 @@ class PETrainer(Trainer):
     def evaluate(self, name: str, *, step: int, grid: bool = False) -> dict[str, float]:
         m = super().evaluate(name, step=step, grid=grid)
         base = name in ("sft", "eval") or (name == "rl" and self.cfg.diffusion.rl is not None)
-        if self.cfg.eval_unenhanced and base and not self.unenhanced:
-            self.unenhanced = True
-            try:
-                super().evaluate(f"{name}_unenhanced", step=step, grid=grid)
-            finally:
-                self.unenhanced = False
+        if self.cfg.eval_unenhanced and base and not (self.unenhanced or self.oracle):
+            for mode in ("unenhanced", "oracle"):
+                setattr(self, mode, True)
+                try:
+                    super().evaluate(f"{name}_{mode}", step=step, grid=grid and mode == "unenhanced")
+                finally:
+                    setattr(self, mode, False)
         return m
 
     def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path:

@@ -130,7 +130,9 @@ class Recipe(RunSettings):
     rl: PERLPhase | None = None
     eval_unenhanced: bool = Field(
         default=True,
-        description="also evaluate the renderer on the raw user prompts (no enhancer) after SFT and RL",
+        description="after SFT (and after RL when the renderer trains) also evaluate the renderer on "
+        "the raw user prompts (`<stage>_unenhanced`, the baseline) and on their canonical captions "
+        "(`<stage>_oracle`, the ceiling a perfect rewrite reaches)",
     )
 
     @property
