@@ -15,6 +15,17 @@ if [ "${PHASE:-speed}" = speed ]; then
   run sh_sync $SH; run sh_async $SH $A
   { python3 scripts/async_summary.py $R/ar_sync $R/ar_async $R/ar_async_s2
     python3 scripts/async_summary.py $R/sh_sync $R/sh_async; } | tee $OUT/speed.txt
+elif [ "$PHASE" = ray ]; then
+  # the Ray layout: train and rollout workers in their own processes (one GPU shared: colocate)
+  AR="arithmetic_dapo threads=1 sft.steps=300 rl.steps=80 eval.every=0 eval.num_prompts=50"
+  GPU="device=cuda layout.kind=ray layout.placement=colocate layout.device=gpu layout.sync=buckets"
+  CPU="device=cpu layout.kind=ray layout.placement=separate layout.sync=buckets"
+  for u in 2 4; do
+    run rg${u}_sync $AR $GPU rl.geometry.num_updates_per_batch=$u
+    run rg${u}_async $AR $GPU rl.geometry.num_updates_per_batch=$u $A
+  done
+  run rc_sync $AR $CPU layout.rollout_workers=2; run rc_async $AR $CPU layout.rollout_workers=2 $A
+  { for p in rg2 rg4 rc; do python3 scripts/async_summary.py $R/${p}_sync $R/${p}_async; done; } | tee $OUT/ray.txt
 else
   for s in 0 1 2; do
     run ard_sync_s$s arithmetic_dapo seed=$s device=cpu threads=1 &
