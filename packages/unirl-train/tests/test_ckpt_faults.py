@@ -124,7 +124,9 @@ def test_disk_full_at_every_write_keeps_the_previous_checkpoint(
     before = weights(backend)
     train_step(tiny, stack, 1)
     n = _writes_per_save(fmt, backend, slot.parent, monkeypatch)
-    assert n == 5  # full: rng, state, extra, files/buffer, meta; sharded: shard, index, extra, files/buffer, meta
+    assert (
+        n == 5
+    )  # full: rng, state, extra, files/buffer, meta; sharded: shard, index, extra, files/buffer, meta
     for k in range(n):
         with pytest.MonkeyPatch.context() as m:
             DiskFull(m, k)

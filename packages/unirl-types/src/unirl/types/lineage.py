@@ -16,7 +16,7 @@ Worked example (``reduce="mean"``): a parent with children rewarded 1.0, 0.0, 0.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -25,7 +25,11 @@ from unirl.types.reward import Reward
 from unirl.types.sample import Part, Sample
 
 CreditReduce = Literal["mean", "max", "min"]
-_REDUCE = {"mean": np.mean, "max": np.max, "min": np.min}
+_REDUCE: dict[str, Callable[[Sequence[float]], float]] = {
+    "mean": lambda v: float(np.mean(v)),
+    "max": lambda v: float(np.max(v)),
+    "min": lambda v: float(np.min(v)),
+}
 
 __all__ = ["CreditReduce", "children_by_parent", "credit_parents", "expand_children"]
 
@@ -116,6 +120,6 @@ def credit_parents(
             "children_max": float(totals.max()),
             "children_min": float(totals.min()),
         }
-        out[i] = float(fn(totals))
+        out[i] = fn(totals.tolist())
         p.part(parent_part).reward = Reward(total=out[i], components=comps)
     return out
