@@ -109,15 +109,8 @@ def save_checkpoint(
         return _save_sharded(final, tmp, backend, extra_text, files or {})
     state = backend.state_dict()  # collective: every rank takes part
     rank = backend.rank
+    _make_tmp(tmp, final, backend)
     error: OSError | None = None
-    try:
-        if rank == 0:
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-    except OSError as e:
-        error = e
-    _all_wrote(error, final, tmp, backend)  # also the barrier: rank 0 made `tmp`
     try:
         torch.save(capture_rng_state(), tmp / f"rng-{rank}.pt")
         if rank == 0:
@@ -182,6 +175,19 @@ def save_error(error: OSError, final: Path) -> OSError:
     )
 
 
+def _make_tmp(tmp: Path, final: Path, backend: TrainBackend) -> None:
+    """Rank 0 makes a fresh `tmp`; every rank raises if it could not (also the barrier after it)."""
+    made: OSError | None = None
+    try:
+        if backend.rank == 0:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+    except OSError as e:
+        made = e
+    _all_wrote(made, final, tmp, backend)
+
+
 def _write_files(tmp: Path, files: dict[str, bytes]) -> None:
     if files:
         (tmp / "files").mkdir()
@@ -205,15 +211,7 @@ def _save_sharded(
             f"{type(backend).__name__} has none: use format='full'"
         )
     rank, world = backend.rank, backend.world_size
-    made: OSError | None = None
-    try:
-        if rank == 0:
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-    except OSError as e:
-        made = e
-    _all_wrote(made, final, tmp, backend)  # also the barrier: rank 0 made `tmp`
+    _make_tmp(tmp, final, backend)
     try:
         index = sharded.write_shards(tmp, state_fn(), rank, world)  # collective; raises on every rank
     except OSError as e:
