@@ -5,6 +5,7 @@ import pytest
 from pydantic import ValidationError
 
 from unirl.types import (
+    SCHEMA_VERSION,
     ImagePrimitive,
     LatentTrajectory,
     Part,
@@ -68,7 +69,9 @@ def test_lineage_errors():
 
 
 def test_schema_version_mismatch():
-    with pytest.raises(ValidationError, match="schema_version=99 but this unirl-types reads version 1"):
+    with pytest.raises(
+        ValidationError, match=f"schema_version=99 but this unirl-types reads version {SCHEMA_VERSION}"
+    ):
         Sample(id="s", group_id="g", schema_version=99)
 
 

@@ -27,7 +27,7 @@ from unirl.types.sde_schedule import AllSteps, KOfWindow, SDESchedule, SlidingWi
 from unirl.types.segment import LatentTrajectory, Segment, TextSegment
 from unirl.types.serialize import from_bytes, from_json, list_from_bytes, to_bytes, to_json
 from unirl.types.tensor import Tensor, decode_tensor, encode_tensor, is_tensor, to_numpy, to_torch
-from unirl.types.version import WeightStamp
+from unirl.types.version import VersionSpan, WeightStamp
 
 __version__ = "0.1.0"
 
@@ -59,6 +59,7 @@ __all__ = [
     "Tensor",
     "TextPrimitive",
     "TextSegment",
+    "VersionSpan",
     "VideoPrimitive",
     "WeightStamp",
     "compute_advantages",

@@ -16,8 +16,9 @@ from unirl.types.reward import Reward
 from unirl.types.segment import Segment
 from unirl.types.tensor import Tensor
 
-SCHEMA_VERSION = 1
-"""Bump when the schema changes; unirl/types/sample.schema.json is its committed snapshot."""
+SCHEMA_VERSION = 2
+"""Bump when the schema changes; unirl/types/sample.schema.json is its committed snapshot.
+2: ``TextSegment.versions`` (partial rollouts: the policy version of each span of tokens)."""
 
 PartStatus = Literal["pending", "completed", "truncated", "aborted"]
 Scalar = str | int | float | bool

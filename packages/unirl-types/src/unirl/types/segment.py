@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from unirl.types.base import SchemaModel
 from unirl.types.tensor import Tensor, dtype_name
+from unirl.types.version import VersionSpan
 
 
 class LatentTrajectory(SchemaModel):
@@ -95,10 +97,40 @@ class TextSegment(SchemaModel):
     loss_mask: Tensor | None = None
     """``[len(response_ids)]`` bool; None means every response token is trained on."""
     finish_reason: Literal["stop", "length", "abort"] = "stop"
+    versions: list[VersionSpan] | None = None
+    """Which policy sampled which tokens (partial rollouts): spans with strictly increasing
+    ``start`` (the first at 0, each holding at least one token) and strictly increasing
+    ``version``; ``log_probs[t]`` is then the log-prob under the span holding ``t``. None: one
+    policy sampled every token (the Part's ``weight_version``)."""
+
+    def token_versions(self) -> list[int] | None:
+        """The policy version that sampled each response token (None without ``versions``)."""
+        if self.versions is None:
+            return None
+        ends = [s.start for s in self.versions[1:]] + [len(self.response_ids)]
+        return [s.version for s, end in zip(self.versions, ends) for _ in range(end - s.start)]
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest policy version among the tokens: a Sample's staleness is measured from it."""
+        return None if not self.versions else self.versions[0].version
 
     @model_validator(mode="after")
     def _lengths(self) -> TextSegment:
         n = len(self.response_ids)
+        if self.versions is not None:
+            starts = [s.start for s in self.versions]
+            versions = [s.version for s in self.versions]
+            ok = not starts or (starts[0] == 0 and starts[-1] < n)
+            if (
+                not ok
+                or any(b <= a for a, b in pairwise(starts))
+                or any(b <= a for a, b in pairwise(versions))
+            ):
+                raise ValueError(
+                    f"versions must start at token 0 with strictly increasing starts (< {n} response "
+                    f"tokens) and strictly increasing versions; got starts {starts}, versions {versions}"
+                )
         for name in ("log_probs", "loss_mask"):
             v = getattr(self, name)
             if v is not None and list(v.shape) != [n]:

@@ -26,3 +26,12 @@ class WeightStamp(SchemaModel):
                 f"weight version {self.version} is not newer than the receiver's {current}: "
                 "a stale or repeated sync was rejected"
             )
+
+
+class VersionSpan(SchemaModel):
+    """Response tokens ``start`` up to the next span's ``start`` (or the end) were sampled by one
+    policy. A partial rollout (async lifecycle) continued across weight updates has several spans."""
+
+    start: int = Field(ge=0, description="the span's first response token")
+    version: int = Field(ge=0, description="policy version: RL steps trained (the async buffer's counter)")
+    weight_version: int = Field(ge=0, description="its optimizer step (the counter of Part.weight_version)")
