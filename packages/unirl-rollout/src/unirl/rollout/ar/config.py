@@ -59,6 +59,11 @@ class CausalLMConfig(_Config):
         default=None,
         description="GGUF file inside `path` (needs the `gguf` package); 'pkg:' paths fill it in",
     )
+    family: Literal["qwen2", "qwen3", "llama"] | None = Field(
+        default=None,
+        description="the checkpoint's family (config.json model_type); a mismatch fails at load. "
+        "None: any causal LM transformers knows",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
     attn_implementation: str | None = Field(
@@ -102,6 +107,7 @@ class CausalLMConfig(_Config):
             system_prompt=self.system_prompt,
             chat_template_kwargs=self.chat_template_kwargs,
             gguf_file=self.gguf_file,
+            family=self.family,
         )
 
 
