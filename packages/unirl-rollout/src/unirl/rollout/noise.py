@@ -3,6 +3,12 @@
 Every engine and replay can regenerate x_T: it is drawn on CPU in fp32 from a torch Generator
 seeded by a stable hash (sha256, never Python's salted ``hash()``) of the seed and a key. The key
 is the sample id, or the group id when all samples of a group should start from the same noise.
+
+Video latents ``[C, F, h, w]`` are drawn frame-aware (``frame_axis``): frame f comes from its own
+stream ``(seed, key, stream, f)``, so a frame's noise does not depend on how many frames the video
+has (a 9-frame video starts from the first frames of the 17-frame one: length curricula and
+prefix-consistent evaluation), and a worker holding frames [a, b) of a sequence-parallel split can
+draw exactly its slice without drawing the others.
 """
 
 from __future__ import annotations
@@ -13,7 +19,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["initial_noise", "noise_generator", "noise_key", "stable_seed"]
+__all__ = [
+    "FrameNoise",
+    "initial_noise",
+    "noise_generator",
+    "noise_key",
+    "stable_seed",
+]
 
 
 def stable_seed(seed: int, key: str, stream: str = "init") -> int:
@@ -32,8 +44,43 @@ def noise_generator(seed: int, key: str, stream: str = "init") -> torch.Generato
     return torch.Generator(device="cpu").manual_seed(stable_seed(seed, key, stream))
 
 
-def initial_noise(shape: Sequence[int], *, seed: int, keys: Sequence[str]) -> Tensor:
-    """x_T for a batch: one CPU fp32 standard-normal tensor of ``shape`` per key, stacked -> [B, *shape]."""
-    return torch.stack(
-        [torch.randn(tuple(shape), generator=noise_generator(seed, k), dtype=torch.float32) for k in keys]
-    )
+def frame_stream(stream: str, frame: int) -> str:
+    """The stream name of frame ``frame`` (frame-aware noise)."""
+    return f"{stream}/frame{int(frame)}"
+
+
+def initial_noise(
+    shape: Sequence[int], *, seed: int, keys: Sequence[str], frame_axis: int | None = None
+) -> Tensor:
+    """x_T for a batch: one CPU fp32 standard-normal tensor of ``shape`` per key, stacked -> [B, *shape].
+
+    ``frame_axis`` (an axis of ``shape``, e.g. 1 for video ``[C, F, h, w]``): draw each frame from its
+    own stream (module docstring); None draws the whole tensor from one stream (images)."""
+    if frame_axis is None:
+        return torch.stack(
+            [torch.randn(tuple(shape), generator=noise_generator(seed, k), dtype=torch.float32) for k in keys]
+        )
+    return torch.stack([FrameNoise(seed, k, shape, frame_axis, stream="init").draw() for k in keys])
+
+
+class FrameNoise:
+    """Standard-normal draws of ``shape`` whose slices along ``frame_axis`` come from per-frame streams.
+
+    Each call of ``draw`` advances every frame's generator once, so the k-th draw of frame f is the
+    same whatever the number of frames (the per-step SDE noise of a video uses one of these per sample).
+    """
+
+    def __init__(self, seed: int, key: str, shape: Sequence[int], frame_axis: int, stream: str) -> None:
+        shape = tuple(int(d) for d in shape)
+        if not 0 <= frame_axis < len(shape):
+            raise ValueError(f"frame_axis={frame_axis} is not an axis of shape {list(shape)}")
+        self.shape, self.frame_axis = shape, frame_axis
+        self._frame_shape = shape[:frame_axis] + shape[frame_axis + 1 :]
+        self._gens = [
+            noise_generator(seed, key, frame_stream(stream, f)) for f in range(shape[frame_axis])
+        ]
+
+    def draw(self) -> Tensor:
+        """One fp32 CPU tensor of ``shape``."""
+        frames = [torch.randn(self._frame_shape, generator=g, dtype=torch.float32) for g in self._gens]
+        return torch.stack(frames, dim=self.frame_axis)

@@ -34,6 +34,12 @@ class DiffusionSamplingParams(SchemaModel):
     guidance_scale: float = Field(default=1.0, ge=0.0, description="CFG weight w; <= 1 disables CFG")
     height: int = Field(gt=0, description="output height in pixels")
     width: int = Field(gt=0, description="output width in pixels")
+    num_frames: int | None = Field(
+        default=None,
+        ge=1,
+        description="output frames of a video model (latents [C, F, h, w], a VideoPrimitive output); "
+        "None = an image model (latents [C, h, w], an ImagePrimitive)",
+    )
     eta: float = Field(default=0.7, ge=0.0, description="SDE noise level; 0 = deterministic")
     sde_strategy: SDEStrategyName = "flow_sde"
     sde_schedule: SDESchedule = Field(default_factory=AllSteps)

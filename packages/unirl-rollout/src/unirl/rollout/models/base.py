@@ -19,12 +19,15 @@ from unirl.types import Conditions, to_torch
 __all__ = [
     "NEGATIVE_PREFIX",
     "FlowBundle",
+    "VideoFlowBundle",
     "freeze",
     "from_uint8_images",
+    "from_uint8_videos",
     "sd3_style_velocity",
     "stack_conditions",
     "text_conditions",
     "to_uint8_images",
+    "to_uint8_videos",
 ]
 
 NEGATIVE_PREFIX = "negative_"
@@ -82,6 +85,28 @@ class FlowBundle(Protocol):
         ...
 
 
+@runtime_checkable
+class VideoFlowBundle(FlowBundle, Protocol):
+    """A flow-matching text-to-video model: a ``FlowBundle`` whose latents carry a frame axis.
+
+    Latents are ``[B, C, F, h, w]`` (``F`` latent frames) outside the bundle; the pipeline, the SDE
+    kernels and replay are the image ones (all elementwise over the latent), with frame-aware noise
+    (``unirl.rollout.noise``). ``decode`` returns uint8 videos ``[B, F_out, H, W, 3]``. The pipeline
+    samples a video when ``sampling_params.num_frames`` is set.
+    """
+
+    fps: float
+    """Frames per second of the decoded video (stored on the VideoPrimitive)."""
+
+    def video_latent_shape(self, height: int, width: int, num_frames: int) -> tuple[int, ...]:
+        """Per-sample latent shape ``(C, F, h, w)`` for ``num_frames`` frames of ``height`` x ``width``."""
+        ...
+
+    def video_seq_len(self, height: int, width: int, num_frames: int) -> int:
+        """Number of video tokens the transformer sees (drives a dynamic shift)."""
+        ...
+
+
 def stack_conditions(
     conditions: Sequence[Conditions],
     keys: Sequence[str],
@@ -131,6 +156,17 @@ def sd3_style_velocity(
 def from_uint8_images(images_BHWC: Tensor) -> Tensor:
     """uint8 [B, H, W, 3] -> [B, 3, H, W] float in [-1, 1] (the inverse of ``to_uint8_images``)."""
     return images_BHWC.permute(0, 3, 1, 2).float() / 127.5 - 1.0
+
+
+def from_uint8_videos(videos_BFHWC: Tensor) -> Tensor:
+    """uint8 [B, F, H, W, 3] -> [B, 3, F, H, W] float in [-1, 1] (the inverse of ``to_uint8_videos``)."""
+    return videos_BFHWC.permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0
+
+
+def to_uint8_videos(videos: Tensor) -> Tensor:
+    """Video VAE output in [-1, 1], [B, 3, F, H, W] -> uint8 [B, F, H, W, 3] (as diffusers' VideoProcessor)."""
+    x = (videos.float() / 2 + 0.5).clamp(0, 1)
+    return (x * 255).round().to(torch.uint8).permute(0, 2, 3, 4, 1).contiguous().cpu()
 
 
 def to_uint8_images(images: Tensor) -> Tensor:

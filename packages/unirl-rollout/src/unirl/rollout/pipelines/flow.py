@@ -8,6 +8,10 @@ sigmas, eta, guidance scale and negative prompt:
   ``(seed, sample or group id)``, runs the SDE on ``resolve_sde_indices(rollout_step)`` and the ODE
   elsewhere, and stores exactly the latents replay needs (x_j, x_{j+1} per SDE step, plus the final
   latent) with one log-prob per SDE step.
+- Video: with ``sampling_params.num_frames`` set, the bundle must be a ``VideoFlowBundle``; latents
+  are ``[B, C, F, h, w]`` (the same SDE kernels and replay: they are elementwise), x_T and the SDE
+  noise are drawn frame-aware (``unirl.rollout.noise.FrameNoise``), and the Part's output is a
+  ``VideoPrimitive`` of uint8 frames ``[F, H, W, 3]``.
 - ``replay_step`` re-scores the stored transition x_j -> x_{j+1} with gradients on the transformer.
   On an unchanged policy with the same micro-batch shape it reproduces the stored log-prob (ratio 1).
 """
@@ -21,8 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from unirl.rollout.models.base import NEGATIVE_PREFIX, FlowBundle, stack_conditions
-from unirl.rollout.noise import initial_noise, noise_generator, noise_key
+from unirl.rollout.models.base import NEGATIVE_PREFIX, FlowBundle, VideoFlowBundle, stack_conditions
+from unirl.rollout.noise import FrameNoise, initial_noise, noise_generator, noise_key
 from unirl.rollout.schedules import static_shifted_sigmas
 from unirl.rollout.sde import SDEStrategy, StepResult, get_strategy, ode_step
 from unirl.types import (
@@ -32,10 +36,11 @@ from unirl.types import (
     LatentTrajectory,
     Part,
     Sample,
+    VideoPrimitive,
     to_torch,
 )
 
-__all__ = ["FlowMatchPipeline", "StepReplay", "pin_sigmas"]
+__all__ = ["FlowMatchPipeline", "StepReplay", "latent_shape", "pin_sigmas"]
 
 
 @dataclass
@@ -52,14 +57,35 @@ class StepReplay:
     """[B, ...] the guided velocity prediction."""
 
 
+def _video_bundle(params: DiffusionSamplingParams, bundle: FlowBundle) -> VideoFlowBundle:
+    if not isinstance(bundle, VideoFlowBundle):
+        raise TypeError(
+            f"sampling_params.num_frames={params.num_frames} asks for a video, but {type(bundle).__name__} "
+            "is an image model (not a VideoFlowBundle): set num_frames=null or load a video model"
+        )
+    return bundle
+
+
+def latent_shape(params: DiffusionSamplingParams, bundle: FlowBundle) -> tuple[int, ...]:
+    """Per-sample latent shape: ``(C, h, w)`` for an image, ``(C, F, h, w)`` when ``params.num_frames``."""
+    if params.num_frames is None:
+        return tuple(bundle.latent_shape(params.height, params.width))
+    video = _video_bundle(params, bundle)
+    return tuple(video.video_latent_shape(params.height, params.width, params.num_frames))
+
+
+def _seq_len(params: DiffusionSamplingParams, bundle: FlowBundle) -> int:
+    if params.num_frames is None:
+        return bundle.image_seq_len(params.height, params.width)
+    return _video_bundle(params, bundle).video_seq_len(params.height, params.width, params.num_frames)
+
+
 def pin_sigmas(params: DiffusionSamplingParams, bundle: FlowBundle) -> DiffusionSamplingParams:
     """``params`` with its T + 1 sigmas filled (unchanged when already pinned, e.g. echoed by an engine)."""
     if params.sigmas is not None:
         return params
     if params.dynamic_shift:
-        sigmas = bundle.dynamic_schedule.sigmas(
-            params.num_steps, bundle.image_seq_len(params.height, params.width)
-        )
+        sigmas = bundle.dynamic_schedule.sigmas(params.num_steps, _seq_len(params, bundle))
     else:
         sigmas = static_shifted_sigmas(params.num_steps, params.shift)
     return params.model_copy(update={"sigmas": sigmas})
@@ -137,15 +163,19 @@ class FlowMatchPipeline:
         B, T, dev = len(members), params.num_steps, self.bundle.device
 
         conditions = self._encode(members, params)
-        shape = self.bundle.latent_shape(params.height, params.width)
+        shape = latent_shape(params, self.bundle)
+        video = params.num_frames is not None
         keys = [
             noise_key(s.id, s.group_id, same_noise_per_group=params.noise.scope == "group")
             for s, _, _ in members
         ]
-        x = initial_noise(shape, seed=params.noise.seed, keys=keys).to(dev)
-        step_gens = [
-            noise_generator(params.noise.seed, f"sample:{s.id}", stream="sde") for s, _, _ in members
-        ]
+        frame_axis = 1 if video else None  # [C, F, h, w]
+        x = initial_noise(shape, seed=params.noise.seed, keys=keys, frame_axis=frame_axis).to(dev)
+        step_gens: list[torch.Generator] | list[FrameNoise] = (
+            [FrameNoise(params.noise.seed, f"sample:{s.id}", shape, 1, stream="sde") for s, _, _ in members]
+            if video
+            else [noise_generator(params.noise.seed, f"sample:{s.id}", stream="sde") for s, _, _ in members]
+        )
         sigmas = torch.tensor(params.sigmas, dtype=torch.float32, device=dev).expand(B, T + 1)
 
         pos, neg = self._stack(conditions, params.guidance_scale)
@@ -154,7 +184,7 @@ class FlowMatchPipeline:
             x, sigmas, params, strategy, set(sde_indices), keep, pos, neg, step_gens
         )
 
-        images = self.bundle.decode(x)
+        media = self.bundle.decode(x)  # uint8 [B, H, W, 3], or [B, F, H, W, 3] for a video
         lp = torch.stack(log_probs, dim=1) if scored and sde_indices else None  # [B, n]
         om = torch.stack(means, dim=1) if means else None  # [B, n, ...]
         lat = torch.stack([stored[p] for p in keep], dim=1)  # [B, S, ...]
@@ -169,7 +199,12 @@ class FlowMatchPipeline:
                 log_probs=None if lp is None else lp[b].clone(),
                 old_means=None if om is None else om[b].clone(),
             )
-            part.outputs = [ImagePrimitive(pixels=images[b])]
+            out: ImagePrimitive | VideoPrimitive = (
+                VideoPrimitive(frames=media[b], fps=_video_bundle(params, self.bundle).fps)
+                if video
+                else ImagePrimitive(pixels=media[b])
+            )
+            part.outputs = [out]
             part.status = "completed"
 
     def _denoise(
@@ -182,7 +217,7 @@ class FlowMatchPipeline:
         keep: list[int],
         pos: dict[str, Tensor],
         neg: dict[str, Tensor] | None,
-        step_gens: list[torch.Generator],
+        step_gens: list[torch.Generator] | list[FrameNoise],
     ) -> tuple[Tensor, dict[int, Tensor], list[Tensor], list[Tensor]]:
         """The T steps: SDE on ``sde_set``, Euler elsewhere. Returns (x_final, stored latents by
         position, per-SDE-step log-probs [B] each, per-SDE-step means [B, ...] when recorded)."""
@@ -196,7 +231,14 @@ class FlowMatchPipeline:
             with torch.enable_grad() if self.rollout_autograd else contextlib.nullcontext():
                 v = self._forward(x, sigmas[:, j], pos, neg, params.guidance_scale).detach()
             if j in sde_set:
-                z = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in step_gens])
+                z = torch.stack(
+                    [
+                        g.draw()
+                        if isinstance(g, FrameNoise)
+                        else torch.randn(shape, generator=g, dtype=torch.float32)
+                        for g in step_gens
+                    ]
+                )
                 res: StepResult = strategy.step(x, v, sigmas, j, params.eta, noise=z.to(x.device))
                 if res.log_prob is not None:
                     log_probs.append(res.log_prob.cpu())
