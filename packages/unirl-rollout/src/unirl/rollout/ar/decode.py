@@ -26,13 +26,16 @@ class DecodeOutput:
 
     ``tokens[b, :lengths[b]]`` are row ``b``'s response tokens (a stop token, when hit, is the
     last one); later columns hold padding. ``stopped[b]`` is True when the row ended on a stop
-    token id.
+    token id. ``interrupted``: ``decode``'s ``interrupt`` ended the loop early; the rows not
+    ``finished`` then hold exactly ``tokens.shape[1]`` tokens each and may be continued.
     """
 
     tokens: Tensor  # [B, N] int64
     logprobs: Tensor  # [B, N] fp32, 0 after a row finished
     lengths: Tensor  # [B] int64
     stopped: Tensor  # [B] bool
+    finished: Tensor | None = None  # [B] bool: stop token, limit or stop string reached
+    interrupted: bool = False
 
 
 def cache_kwarg(model: nn.Module) -> str:
@@ -79,6 +82,7 @@ class DecodeState:
             logprobs=self.logp_BN[:, :steps].cpu(),
             lengths=self.lengths_B.cpu(),
             stopped=self.stopped_B.cpu(),
+            finished=self.finished_B.cpu(),
         )
 
 
@@ -123,6 +127,8 @@ def decode(
     stop_check: Callable[[list[int]], bool] | None = None,
     sync_every: int = 16,
     lockstep_group: Any = None,
+    interrupt: Callable[[], bool] | None = None,
+    interrupt_every: int = 0,
 ) -> DecodeOutput:
     """Sample up to ``limits[b]`` tokens for each prompt; ``uniforms_BN[b, t]`` drives step ``t``.
 
@@ -138,7 +144,15 @@ def decode(
             all-gathers weights. The ranks agree on the step budget (max over ranks) and leave
             the loop together (when every rank is finished). Every rank must call ``decode`` the
             same number of times. None: no communication.
+        interrupt: host-side predicate asked every ``interrupt_every`` steps while a row is
+            unfinished (partial rollouts: "a newer policy is waiting"); True ends the loop there
+            with ``DecodeOutput.interrupted`` set, for the caller to continue the unfinished rows
+            (see ``partial.decode_partial``). Not with ``lockstep_group``.
     """
+    if interrupt is not None and (interrupt_every < 1 or lockstep_group is not None):
+        raise ValueError(
+            f"interrupt needs interrupt_every >= 1 (got {interrupt_every}) and no lockstep_group"
+        )
     device = next(model.parameters()).device
     B = len(prompts)
     N = max(limits)
@@ -183,6 +197,13 @@ def decode(
                 torch.distributed.all_reduce(done, op=torch.distributed.ReduceOp.MIN, group=group)
             if bool(done):
                 break
+        if interrupt is not None and steps % interrupt_every == 0:
+            if stop_check is not None:  # a row already holding a stop string is not continued
+                _mark_stop_strings(st.tokens_BN[:, :steps], st.lengths_B, st.finished_B, stop_check)
+            if not bool(st.finished_B.all()) and interrupt():
+                result = st.output(steps)
+                result.interrupted = True
+                return result
         out = model(
             input_ids=st.tok_B1, attention_mask=attn_BL[:, : P + steps], position_ids=(pos_B + t)[:, None],
             use_cache=True, **{kw: cache},

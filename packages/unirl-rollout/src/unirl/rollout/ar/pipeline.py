@@ -24,6 +24,7 @@ from unirl.rollout.ar.bundle import CausalLMBundle
 from unirl.rollout.ar.decode import decode
 from unirl.rollout.ar.decode_static import decode_static
 from unirl.rollout.ar.fused_decode import fusable
+from unirl.rollout.ar.partial import PartialRollouts, decode_partial
 from unirl.rollout.ar.replay import TokenReplay, replay_token_logprobs
 from unirl.rollout.ar.sampling import derive_seed, draw_uniforms
 from unirl.rollout.ar.segments import ar_params, fill_text_part, loss_mask, text_segment
@@ -111,6 +112,17 @@ class ARPipeline:
         # The module the replay (and so every loss) runs through when it is not the decode model:
         # a backend that trains its own module (megatron) and keeps bundle.model as the rollout copy.
         self.replay_model: nn.Module | None = None
+        self.partial: PartialRollouts | None = None
+
+    def enable_partial(self, partial: PartialRollouts | None) -> None:
+        """Partial rollouts (see ``unirl.rollout.ar.partial``): every generation is decoded in
+        chunks and continued with newer weights when ``partial.swap`` has them; None turns it off."""
+        if partial is not None and (self.decoder != "dynamic" or self.lockstep_group is not None):
+            raise ValueError(
+                f"partial rollouts need decoder='dynamic' without lockstep_group; this pipeline has "
+                f"decoder={self.decoder!r}, lockstep_group={self.lockstep_group!r}"
+            )
+        self.partial = partial
 
     @property
     def model(self) -> nn.Module:
@@ -184,7 +196,10 @@ class ARPipeline:
             stop_check=has_stop if stops else None,
             sync_every=self.sync_every,
         )
-        if self.decoder == "dynamic":
+        spans = None
+        if self.partial is not None:
+            out, spans = decode_partial(self.bundle.model, prompts, partial=self.partial, **common)
+        elif self.decoder == "dynamic":
             out = decode(self.bundle.model, prompts, lockstep_group=self.lockstep_group, **common)
         else:
             out = decode_static(
@@ -210,7 +225,7 @@ class ARPipeline:
             finish: Literal["stop", "length"] = "stop" if stopped else "length"
             fill_text_part(
                 part, prompt_ids=prompt_ids, response_ids=response, log_probs=out.logprobs[b, :n].clone(),
-                text=text, finish=finish, params=params,
+                text=text, finish=finish, params=params, versions=None if spans is None else spans[b],
             )  # fmt: skip
 
     # ---- replay ------------------------------------------------------------------------------

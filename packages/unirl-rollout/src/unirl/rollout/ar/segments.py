@@ -9,7 +9,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from unirl.types import ARSamplingParams, Part, PartStatus, TextPrimitive, TextSegment, to_torch
+from unirl.types import ARSamplingParams, Part, PartStatus, TextPrimitive, TextSegment, VersionSpan, to_torch
 
 STATUS: dict[str, PartStatus] = {"stop": "completed", "length": "truncated", "abort": "aborted"}
 
@@ -23,16 +23,19 @@ def fill_text_part(
     text: str,
     finish: Literal["stop", "length", "abort"],
     params: ARSamplingParams,
+    versions: list[VersionSpan] | None = None,
 ) -> None:
     """Record one finished completion on ``part`` (every engine's way): the TextSegment with a
     full loss mask, the assistant text output, the sampling params and the status
-    (stop -> completed, length -> truncated, abort -> aborted)."""
+    (stop -> completed, length -> truncated, abort -> aborted). ``versions``: a partial
+    rollout's spans (those starting past the response, cut at a stop string, are dropped)."""
     part.segment = TextSegment(
         prompt_ids=prompt_ids,
         response_ids=response_ids,
         log_probs=torch.as_tensor(log_probs, dtype=torch.float32),
         loss_mask=torch.ones(len(response_ids), dtype=torch.bool),
         finish_reason=finish,
+        versions=None if versions is None else [v for v in versions if v.start < len(response_ids)],
     )
     part.outputs = [TextPrimitive(text=text, role="assistant")]
     part.sampling_params = params
