@@ -13,16 +13,18 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from unirl.rollout.schedules import DynamicShiftSchedule
 from unirl.types import Conditions, to_torch
 
 __all__ = [
     "NEGATIVE_PREFIX",
     "FlowBundle",
+    "SigmaPolicy",
     "VideoFlowBundle",
+    "classic_cfg",
     "freeze",
     "from_uint8_images",
     "from_uint8_videos",
+    "pad_to_length",
     "sd3_style_velocity",
     "stack_conditions",
     "text_conditions",
@@ -34,6 +36,12 @@ NEGATIVE_PREFIX = "negative_"
 """Conditions of the CFG negative prompt are stored next to the positive ones under this prefix."""
 
 
+class SigmaPolicy(Protocol):
+    """A model's own sigma schedule: T + 1 sigmas (terminal 0) for ``num_steps`` at an image size."""
+
+    def sigmas(self, num_steps: int, image_seq_len: int | None = None) -> list[float]: ...
+
+
 @runtime_checkable
 class FlowBundle(Protocol):
     """A flow-matching text-to-image model: trainable transformer + frozen encoders and VAE.
@@ -41,12 +49,19 @@ class FlowBundle(Protocol):
     Latents are handled unpacked ``[B, C, h, w]`` everywhere outside the bundle; a bundle whose
     transformer takes packed tokens (FLUX) packs and unpacks inside ``predict_velocity``. The
     SDE kernels are elementwise, so this choice does not change any log-prob.
+
+    Optional: ``combine_cfg(v_uncond, v_cond, scale) -> Tensor``, the family's own guided
+    velocity (Qwen-Image rescales it to the conditional norm); without it the pipeline uses
+    ``classic_cfg``. Conditions may have a per-prompt length (dim 0): ``stack_conditions``
+    right-pads them with zeros, so a bundle stores a ``*_mask`` of ones next to such a tensor and
+    reads the padding back from it.
     """
 
     transformer: nn.Module
     """The trainable module (wrap it for FSDP / LoRA in place; the bundle keeps calling it)."""
-    dynamic_schedule: DynamicShiftSchedule
-    """The model's resolution-dependent schedule, used when ``sampling_params.dynamic_shift``."""
+    dynamic_schedule: SigmaPolicy
+    """The model's resolution-dependent schedule (``DynamicShiftSchedule`` or the family's own
+    policy, e.g. FLUX.2's empirical mu), used when ``sampling_params.dynamic_shift``."""
     embedded_guidance: bool
     """True for guidance-distilled models (FLUX.1-dev): ``guidance_scale`` is fed to the model as
     ``conditions["guidance"]`` [B] and no CFG batch is run. False: classifier-free guidance."""
@@ -114,13 +129,34 @@ def stack_conditions(
     dtype: torch.dtype,
     prefix: str = "",
 ) -> dict[str, Tensor]:
-    """Batch per-Part conditions: ``{key: stack(c[prefix + key])}`` on ``device`` (floats cast to ``dtype``)."""
+    """Batch per-Part conditions: ``{key: stack(c[prefix + key])}`` on ``device`` (floats cast to ``dtype``).
+
+    Tensors whose leading (sequence) length differs between Parts are right-padded with zeros to
+    the longest (a ``*_mask`` of ones then marks the real tokens); other shape differences are errors.
+    """
     out: dict[str, Tensor] = {}
     for k in keys:
         ts = [to_torch(c[prefix + k]) for c in conditions]
-        t = torch.stack(ts).to(device)
+        t = torch.stack(pad_to_length(ts, max(x.shape[0] for x in ts) if ts[0].ndim else 0, k)).to(device)
         out[k] = t.to(dtype) if t.is_floating_point() else t
     return out
+
+
+def pad_to_length(ts: Sequence[Tensor], length: int, name: str = "tensor") -> list[Tensor]:
+    """Right-pad each tensor's dim 0 with zeros to ``length`` (no-op for equal lengths and scalars)."""
+    if all(t.shape == ts[0].shape for t in ts) and (not ts[0].ndim or ts[0].shape[0] == length):
+        return list(ts)
+    if len({tuple(t.shape[1:]) for t in ts}) > 1:
+        raise ValueError(
+            f"condition {name!r} has shapes {sorted({tuple(t.shape) for t in ts})} across the batch: only the "
+            "leading (sequence) length may differ; re-encode the prompts with one model"
+        )
+    return [torch.cat([t, t.new_zeros((length - t.shape[0], *t.shape[1:]))]) for t in ts]
+
+
+def classic_cfg(v_uncond: Tensor, v_cond: Tensor, scale: float) -> Tensor:
+    """Classifier-free guidance ``v_u + w (v_c - v_u)`` (SD3, FLUX.1 true CFG, FLUX.2, Wan)."""
+    return v_uncond + scale * (v_cond - v_uncond)
 
 
 def freeze(*modules: nn.Module | None) -> None:

@@ -25,7 +25,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from unirl.rollout.models.base import NEGATIVE_PREFIX, FlowBundle, VideoFlowBundle, stack_conditions
+from unirl.rollout.models.base import (
+    NEGATIVE_PREFIX,
+    FlowBundle,
+    VideoFlowBundle,
+    classic_cfg,
+    pad_to_length,
+    stack_conditions,
+)
 from unirl.rollout.noise import FrameNoise, initial_noise, noise_generator, noise_key
 from unirl.rollout.schedules import static_shifted_sigmas
 from unirl.rollout.sde import SDEStrategy, StepResult, get_strategy, ode_step
@@ -288,12 +295,17 @@ class FlowMatchPipeline:
         if guidance <= 1.0:
             return pos, None
         neg = stack_conditions(conditions, keys, b.device, b.dtype, prefix=NEGATIVE_PREFIX)
+        for k in keys:  # one CFG batch: per-prompt lengths of cond and uncond padded to one
+            if pos[k].ndim > 1 and pos[k].shape[1] != neg[k].shape[1]:
+                n = max(pos[k].shape[1], neg[k].shape[1])
+                pos[k], neg[k] = (torch.stack(pad_to_length(list(t), n, k)) for t in (pos[k], neg[k]))
         return pos, neg
 
     def _forward(
         self, x: Tensor, sigma: Tensor, pos: dict[str, Tensor], neg: dict[str, Tensor] | None, guidance: float
     ) -> Tensor:
-        """Velocity with CFG ``v_u + w (v_c - v_u)`` when ``neg`` is given, cond and uncond in ONE forward.
+        """Velocity with CFG ``v_u + w (v_c - v_u)`` (or the bundle's ``combine_cfg``) when ``neg`` is
+        given, cond and uncond in ONE forward.
 
         A bundle with ``embedded_guidance`` (FLUX.1-dev) instead gets ``conditions["guidance"]`` = w [B].
         """
@@ -303,7 +315,8 @@ class FlowMatchPipeline:
         both = {k: torch.cat([neg[k], pos[k]]) for k in pos}
         out = self.bundle.predict_velocity(torch.cat([x_in, x_in]), torch.cat([sigma, sigma]), both)
         v_u, v_c = out.chunk(2)
-        return v_u + guidance * (v_c - v_u)
+        combine = getattr(self.bundle, "combine_cfg", classic_cfg)  # the family's own CFG, if it has one
+        return combine(v_u, v_c, guidance)
 
     def _guided_velocity(
         self, x: Tensor, sigma: Tensor, conditions: Sequence[Conditions], guidance: float
