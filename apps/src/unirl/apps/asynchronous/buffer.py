@@ -28,13 +28,16 @@ from unirl.types import Sample, list_from_bytes, to_bytes
 
 @dataclass
 class Batch:
-    """One RL step's rollout: ``samples`` (scored, advantages set) generated with policy ``version``."""
+    """One RL step's rollout: ``samples`` (scored, advantages set) generated with policy ``version``
+    (with partial rollouts: the oldest version of any of its tokens; newer ones sampled the rest).
+    ``wait_s``: how long the producer was held back before it could start the batch."""
 
     slot: int
     version: int
     samples: list[Sample]
     extra: dict[str, float] = field(default_factory=dict)
     rollout_s: float = 0.0
+    wait_s: float = 0.0
 
 
 class ProducerFailed(RuntimeError):

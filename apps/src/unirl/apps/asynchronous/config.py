@@ -28,3 +28,15 @@ class AsyncConfig(BaseModel):
         description="torch CPU threads of the rollout thread (None = the recipe's `threads`); "
         "on a small CPU, 1 each for rollout and training lets the two run side by side",
     )
+    partial_rollouts: bool = Field(
+        default=False,
+        description="AR only (slime / AReaL style): a generation in progress when a newer policy is "
+        "published is interrupted (checked every `partial_chunk_tokens` decode steps), the rollout "
+        "copy swaps to the new weights and decoding continues from the tokens already generated "
+        "(prompt + prefix prefilled again with the new weights); nothing restarts, no token is "
+        "dropped. Each token keeps the log-prob and version of the policy that sampled it "
+        "(TextSegment.versions); a Sample's staleness counts from its oldest token",
+    )
+    partial_chunk_tokens: int = Field(
+        default=16, ge=1, description="decode steps between checks for a newer policy (partial_rollouts only)"
+    )

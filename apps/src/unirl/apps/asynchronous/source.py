@@ -22,6 +22,8 @@ import torch
 
 from unirl.apps.asynchronous.buffer import Batch, SampleBuffer
 from unirl.apps.asynchronous.mailbox import RolloutCopy, WeightMailbox
+from unirl.apps.asynchronous.partial import MailboxSwap, oldest_version, version_metrics
+from unirl.rollout.ar.partial import PartialRollouts
 from unirl.rollout.engines import TrainsideEngine
 from unirl.types import Sample
 
@@ -68,6 +70,11 @@ class LocalRolloutSide:
         pipeline, module = trainer.rollout_copy()
         self.copy = RolloutCopy(module)
         self.engine = TrainsideEngine(pipeline, weight_version=lambda: self.copy.weight_version)
+        buffer = trainer.cfg.rl.buffer
+        self.swap: MailboxSwap | None = None
+        if buffer.partial_rollouts:  # the decode loop swaps to a newer policy between chunks
+            self.swap = MailboxSwap(self.copy, self.mailbox)
+            pipeline.enable_partial(PartialRollouts(self.swap, buffer.partial_chunk_tokens))
 
     def publish(self, version: int) -> None:
         from unirl.apps.distributed.workers import policy_tensors
@@ -134,9 +141,13 @@ class AsyncSource:
             self.buffer.fail(e)
 
     def _produce_batches(self, stream: Any) -> None:
-        while (reserved := self.buffer.reserve()) is not None:
+        while True:
+            t_wait = time.time()
+            if (reserved := self.buffer.reserve()) is None:
+                break
             slot, min_version = reserved
             with self.exclusive:  # the trainer may borrow the rollout side between batches
+                wait_s = time.time() - t_wait  # idle: held back by the bounds (or an evaluation)
                 version = self.side.refresh(min_version)
                 t0 = time.time()
                 samples, extra = self.trainer.collect(
@@ -145,7 +156,9 @@ class AsyncSource:
             if stream is not None:
                 stream.synchronize()  # the trainer reads these tensors on its own stream
             fault_point("rollout", slot)
-            self.buffer.put(Batch(slot, version, samples, extra, time.time() - t0))
+            # partial rollouts: tokens of newer versions too; the batch is as old as its oldest token
+            version = oldest_version(samples, self.trainer.stage, version)
+            self.buffer.put(Batch(slot, version, samples, extra, time.time() - t0, wait_s))
 
     # ---- the trainer's side ---------------------------------------------------------------
     def next(self, step: int) -> tuple[list[Sample], dict[str, float]]:
@@ -157,7 +170,9 @@ class AsyncSource:
             "async/slot": float(batch.slot),
             "async/train_wait_s": time.time() - t0,
             "async/rollout_s": batch.rollout_s,
+            "async/rollout_wait_s": batch.wait_s,
         }
+        extra |= version_metrics(batch.samples, self.trainer.stage, step)
         return batch.samples, extra | self.buffer.metrics()
 
     def publish(self, version: int) -> None:

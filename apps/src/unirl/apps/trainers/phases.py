@@ -146,6 +146,8 @@ class RunSettings(BaseModel):
                 "rl.lifecycle='async' with layout.sync='broadcast': a broadcast needs sender and receivers "
                 "at once, so the trainer would wait for the rollout in progress; use sync='buckets' or 'shm'"
             )
+        if rl is not None and rl.buffer.partial_rollouts:
+            _check_partial(rl, self.layout.kind, getattr(self, "trainer", None))
         tp = getattr(getattr(self, "backend", None), "tensor_model_parallel_size", 1)
         if tp > 1 and self.layout.kind == "ray":
             raise ValueError(
@@ -153,3 +155,23 @@ class RunSettings(BaseModel):
                 "data-parallel ranks only for now (each gets its own shard); use tensor_model_parallel_size: 1"
             )
         return self
+
+
+def _check_partial(rl: RLPhase, layout: str, trainer: str | None) -> None:
+    """``rl.buffer.partial_rollouts`` is an option of the AR async lifecycle on one process."""
+    if rl.lifecycle != "async":
+        raise ValueError(
+            "rl.buffer.partial_rollouts=true needs rl.lifecycle='async' (a sync rollout always samples "
+            "with the latest weights: there is nothing to interrupt); set rl.lifecycle=async or drop it"
+        )
+    if trainer != "ar":
+        raise ValueError(
+            f"rl.buffer.partial_rollouts=true is for AR recipes (trainer='ar'); this recipe is "
+            f"trainer={trainer!r}: a diffusion trajectory is not continued across weight versions. "
+            "Set rl.buffer.partial_rollouts=false"
+        )
+    if layout != "single":
+        raise ValueError(
+            f"rl.buffer.partial_rollouts=true with layout.kind={layout!r} is not supported yet (the Ray "
+            "rollout workers take new weights between batches only); use layout.kind=single"
+        )
