@@ -1,0 +1,123 @@
+"""KV-cached decoding and teacher-forced replay for the vision-language bundle.
+
+The same per-step sampling as ``decode`` (``record_step``: one uniform per row and step, the
+tempered unfiltered log-prob recorded), with a multimodal prefill: the prompt enters as
+``inputs_embeds`` (vision features scattered over the image pads) with 3-D mRoPE positions; each
+generated token is then a plain text token at position ``len_b + t + rope_delta_b`` on all three
+rotary axes. Replay packs prompt + response like ``replay.pack_for_replay`` and builds its inputs
+with the same ``VLMBundle.multimodal_inputs``, so the response positions and embeddings match the
+decode's exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from unirl.rollout.ar.decode import DecodeOutput, DecodeState, cache_kwarg, left_pad, record_step
+from unirl.rollout.ar.replay import pack_for_replay, token_logprobs
+from unirl.rollout.ar.sampling import tempered_logprobs
+from unirl.rollout.ar.vlm_bundle import VLMBundle
+
+
+@torch.no_grad()
+def decode_multimodal(
+    bundle: VLMBundle,
+    prompts: Sequence[Sequence[int]],
+    image_embeds: Tensor,
+    grid_thw: Tensor,
+    *,
+    uniforms_BN: Tensor,
+    limits: Sequence[int],
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    stop_token_ids: Sequence[int],
+    pad_token_id: int,
+) -> DecodeOutput:
+    """Sample up to ``limits[b]`` tokens per prompt; ``image_embeds`` are the batch's vision
+    features in row order (``grid_thw`` their grids). Stops when every row has finished."""
+    from transformers import DynamicCache
+
+    model = bundle.model
+    device = bundle.device
+    B, N = len(prompts), max(limits)
+    ids_BP, mask_BP = left_pad(prompts, pad_token_id, device)
+    P = ids_BP.shape[1]
+    embeds_BPH, pos_3BP, delta_B = bundle.multimodal_inputs(
+        ids_BP, mask_BP, image_embeds.to(device), grid_thw
+    )
+    attn_BL = torch.ones((B, P + N), dtype=torch.long, device=device)
+    attn_BL[:, :P] = mask_BP
+    next_pos_B = mask_BP.sum(-1) + delta_B  # the mRoPE index of the first response token
+    u_BN = uniforms_BN.to(device)
+    limits_B = torch.tensor(list(limits), dtype=torch.long, device=device)
+    stop_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long, device=device)
+    pad = torch.tensor(pad_token_id, dtype=torch.long, device=device)
+    st = DecodeState(B, N, device, pad_token_id)
+    kw = cache_kwarg(model)
+    cache = DynamicCache(config=model.config)
+    out = model(
+        inputs_embeds=embeds_BPH, attention_mask=mask_BP, position_ids=pos_3BP, use_cache=True, logits_to_keep=1,
+        **{kw: cache},
+    )  # fmt: skip
+    steps = 0
+    for t in range(N):
+        st.t.fill_(t)
+        record_step(
+            st,
+            out.logits[:, -1],
+            u_BN,
+            limits_B,
+            stop_ids,
+            pad,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+        )
+        steps = t + 1
+        if steps == N or bool(st.finished_B.all()):
+            break
+        pos_3B1 = (next_pos_B + t).view(1, B, 1).expand(3, B, 1)
+        out = model(
+            input_ids=st.tok_B1, attention_mask=attn_BL[:, : P + steps], position_ids=pos_3B1, use_cache=True,
+            **{kw: cache},
+        )  # fmt: skip
+    return st.output(steps)
+
+
+def replay_multimodal_logprobs(
+    bundle: VLMBundle,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    image_embeds: Tensor,
+    grid_thw: Tensor,
+    temperatures: Sequence[float],
+    *,
+    with_entropy: bool = False,
+    model: torch.nn.Module | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """``(logp [B, T], entropy [B, T] or None)`` of the stored responses, fp32, under the caller's
+    grad mode (``image_embeds`` may carry gradients into the vision tower). 0 past a row's end."""
+    device = bundle.device
+    T = max(len(r) for r in responses)
+    if T == 0:
+        empty = torch.zeros((len(prompts), 0), dtype=torch.float32, device=device)
+        return empty, (empty.clone() if with_entropy else None)
+    ids, attn, _, resp_BT = pack_for_replay(prompts, responses, bundle.pad_token_id, device)
+    embeds, pos_3BL, _ = bundle.multimodal_inputs(ids, attn, image_embeds.to(device), grid_thw)
+    out = (model or bundle.model)(
+        inputs_embeds=embeds, attention_mask=attn, position_ids=pos_3BL, use_cache=False, logits_to_keep=T + 1
+    )
+    temp_B11 = torch.tensor(list(temperatures), dtype=torch.float32, device=device).view(-1, 1, 1)
+    lengths_B = torch.tensor([len(r) for r in responses], device=device)
+    pad_BT = torch.arange(T, device=device)[None, :] >= lengths_B[:, None]
+    logits_BTV = out.logits[:, :-1]
+    if not with_entropy:
+        return token_logprobs(logits_BTV, temp_B11, resp_BT).masked_fill(pad_BT, 0.0), None
+    logp_BTV = tempered_logprobs(logits_BTV, temp_B11)
+    logp_BT = logp_BTV.gather(-1, resp_BT.unsqueeze(-1)).squeeze(-1)
+    entropy_BT = -(logp_BTV.exp() * logp_BTV).sum(-1).masked_fill(pad_BT, 0.0)
+    return logp_BT.masked_fill(pad_BT, 0.0), entropy_BT
