@@ -139,14 +139,28 @@ class TinyUnifiedModel(nn.Module):
             h_BND = block(h_BND, mask_B1NN)
         return self.norm(h_BND)
 
+    def forward(
+        self, ids_BL: Tensor, mask_BL: Tensor, latents_BCHW: Tensor | None = None, sigma_B: Tensor | None = None
+    ) -> Tensor:
+        """Text only: next-token logits ``[B, L, V]``; with an image block: its velocity. Both heads
+        run through ``forward`` so wrappers that hook it (FSDP2 unsharding, LoRA) see every call."""
+        if latents_BCHW is None:
+            h = self._backbone(self._text_embed(ids_BL), joint_attention_mask(mask_BL, 0))
+            return (h @ self.tok.weight.T).float()
+        if sigma_B is None:
+            raise ValueError("the image head needs sigma_B with latents_BCHW")
+        return self._velocity(latents_BCHW, sigma_B, ids_BL, mask_BL)
+
     def text_logits(self, ids_BL: Tensor, mask_BL: Tensor) -> Tensor:
         """Next-token logits ``[B, L, V]`` (fp32) for right-padded text ``ids_BL`` with ``mask_BL``."""
-        h = self._backbone(self._text_embed(ids_BL), joint_attention_mask(mask_BL, 0))
-        return (h @ self.tok.weight.T).float()
+        return self(ids_BL, mask_BL)  # type: ignore[no-any-return]
 
     def velocity(self, latents_BCHW: Tensor, sigma_B: Tensor, ids_BL: Tensor, mask_BL: Tensor) -> Tensor:
         """Velocity ``v ~ eps - x0`` ``[B, C, H, W]`` of the image block at ``sigma_B`` (in [0, 1]),
         given the text context (prompt + plan) ``ids_BL`` / ``mask_BL``."""
+        return self(ids_BL, mask_BL, latents_BCHW, sigma_B)  # type: ignore[no-any-return]
+
+    def _velocity(self, latents_BCHW: Tensor, sigma_B: Tensor, ids_BL: Tensor, mask_BL: Tensor) -> Tensor:
         B, _, H, W = latents_BCHW.shape
         emb = self.t_emb(timestep_embedding(sigma_B.float() * 1000.0, self.config.hidden_size))
         x = torch.cat([latents_BCHW, coordinate_planes(latents_BCHW)], dim=1)
