@@ -123,7 +123,9 @@ class PixelVideoBundle:
 
     def video_latent_shape(self, height: int, width: int, num_frames: int) -> tuple[int, ...]:
         if height % 8 or width % 8:
-            raise ValueError(f"height={height}, width={width} must be multiples of 8 (three 2x downsamplings)")
+            raise ValueError(
+                f"height={height}, width={width} must be multiples of 8 (three 2x downsamplings)"
+            )
         return (3, num_frames, height, width)
 
     def video_seq_len(self, height: int, width: int, num_frames: int) -> int:
