@@ -109,6 +109,7 @@ class TinyUnifiedModel(nn.Module):
         self.config = c = config
         D, (c1, c2) = c.hidden_size, c.conv_channels
         self.tok = nn.Embedding(c.vocab_size, D)
+        nn.init.normal_(self.tok.weight, std=0.02)  # tied to the text head: N(0, 1) rows give logits of std ~sqrt(D)
         self.text_pos = nn.Parameter(torch.randn(1, c.max_text_len, D) * 0.02)
         self.image_pos = nn.Parameter(torch.randn(1, c.image_tokens, D) * 0.02)
         self.blocks = nn.ModuleList(Block(D, c.num_heads, c.mlp_ratio) for _ in range(c.num_layers))
