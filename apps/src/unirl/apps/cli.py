@@ -1,4 +1,4 @@
-"""The `unirl` command line: train, sft, eval, recipes."""
+"""The `unirl` command line: train, sft, eval, recipes, export."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ examples:
   unirl sft shapes_nft                          # only the SFT warm-start
   unirl eval runs/shapes_nft-20261201-0400      # held-out evaluation of a run's last checkpoint
   unirl recipes                                 # list shipped recipes
+  unirl export runs/sd3_tiny_flowgrpo-20261201-0400 --format diffusers   # the policy as a diffusers pipeline
 Every run writes a directory (default runs/<recipe>-<time>/) with config.yaml, metrics.jsonl,
 tb/ (TensorBoard), plots/*.png, samples/*.png, checkpoints/ and report.md.
 """
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="command", metavar="{train,sft,eval,recipes}")
+    sub = p.add_subparsers(dest="command", metavar="{train,sft,eval,recipes,export}")
 
     def add_run(name: str, help_: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_, description=help_)
@@ -96,7 +97,26 @@ def build_parser() -> argparse.ArgumentParser:
         "Evaluate a recipe's policy (from --run-dir's last checkpoint when given) on held-out prompts.",
     )
     sub.add_parser("recipes", help="List the shipped recipes.")
+    ex_help = "Write a run's trained policy as a checkpoint its family's library loads (from_pretrained)."
+    ex = sub.add_parser("export", help=ex_help, description=ex_help)
+    ex.add_argument("run_dir", help="a run directory (config.yaml + checkpoints/)")
+    ex.add_argument(
+        "--format", required=True, choices=["hf", "diffusers"], help="hf: AR runs; diffusers: diffusion runs"
+    )
+    ex.add_argument("--out", help="output folder (default: RUN_DIR/export-<format>)")
+    ex.add_argument(
+        "--merge-lora", action="store_true", help="fold LoRA into the weights (else: lora/ in peft format)"
+    )
+    ex.add_argument("--ema", action="store_true", help="export the EMA weights instead of the trained ones")
     return p
+
+
+def _export(args: argparse.Namespace) -> int:
+    from unirl.apps.export import export_run
+
+    dest = export_run(args.run_dir, args.format, out=args.out, merge_lora=args.merge_lora, ema=args.ema)
+    print(f"exported {args.run_dir} -> {dest}")
+    return 0
 
 
 def main(argv: list[str] | None = None, *, force_trainer: str | None = None) -> int:
@@ -115,6 +135,8 @@ def main(argv: list[str] | None = None, *, force_trainer: str | None = None) -> 
     try:
         if args.command == "recipes":
             return _recipes(args)
+        if args.command == "export":
+            return _export(args)
         return _run(args, mode=args.command, force_trainer=force_trainer)
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -7,6 +7,13 @@ from typing import Annotated, Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from unirl.apps.image_models import (
+    Flux2KleinModelConfig,
+    FluxModelConfig,
+    QwenImageModelConfig,
+    ZImageModelConfig,
+)
+
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 DType = Literal["float32", "bfloat16", "float16"]
 
@@ -76,4 +83,12 @@ class TinyShapesModelConfig(BaseModel):
         return PixelFlowBundle.shapes(**self.model_dump(exclude={"kind"}), seed=seed).to(device)
 
 
-DiffusionModelConfig = Annotated[SD3ModelConfig | TinyShapesModelConfig, Field(discriminator="kind")]
+DiffusionModelConfig = Annotated[
+    SD3ModelConfig
+    | TinyShapesModelConfig
+    | FluxModelConfig
+    | QwenImageModelConfig
+    | Flux2KleinModelConfig
+    | ZImageModelConfig,
+    Field(discriminator="kind"),
+]
