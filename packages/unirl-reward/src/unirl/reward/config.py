@@ -113,6 +113,26 @@ class ShapesConfig(BaseModel):
         return ShapesScorer(reward=self.reward, check_shape=self.check_shape)
 
 
+class MovingShapesConfig(BaseModel):
+    """The moving-shapes video checker (colour, shape, direction of motion; frame-level rates)."""
+
+    model_config = _STRICT
+    kind: Literal["moving_shapes"] = "moving_shapes"
+    reward: Literal["score", "correct"] = Field(
+        "score",
+        description="score: mean of object, shape and motion (dense, for RL); correct: 1 only if all pass",
+    )
+    check_shape: bool = True
+    min_travel: float = Field(2.0, gt=0, description="centroid travel (pixels) that counts as motion")
+
+    def build(self) -> Scorer:
+        from unirl.reward.worlds.moving_shapes import MovingShapesScorer
+
+        return MovingShapesScorer(
+            reward=self.reward, check_shape=self.check_shape, min_travel=self.min_travel
+        )
+
+
 class ArithmeticConfig(BaseModel):
     """Exact integer match of the response's answer against the reference (the arithmetic world)."""
 
@@ -132,6 +152,7 @@ ScorerConfig = Annotated[
     | MultipleChoiceConfig
     | FormatConfig
     | ShapesConfig
+    | MovingShapesConfig
     | ArithmeticConfig
     | PluginConfig
     | MODEL_CONFIGS,
