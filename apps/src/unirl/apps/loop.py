@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unirl.types import Sample, SampleMetadata, TextPrimitive
+from unirl.types import ImagePrimitive, Sample, SampleMetadata, TextPrimitive
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,8 @@ class PromptRecord:
     prompt: str
     answer: str | None = None
     spec: dict[str, Any] = field(default_factory=dict)
+    images: tuple[Any, ...] = ()
+    """uint8 ``[H, W, C]`` arrays the prompt refers to (a visual question); inputs after the text."""
 
 
 def make_samples(
@@ -45,7 +47,7 @@ def make_samples(
                 Sample(
                     id=f"{gid}/{k}",
                     group_id=gid,
-                    inputs=[TextPrimitive(text=r.prompt)],
+                    inputs=[TextPrimitive(text=r.prompt), *(ImagePrimitive(pixels=i) for i in r.images)],
                     metadata=SampleMetadata(dataset=dataset, split=split, answer=r.answer, spec=r.spec),  # type: ignore[arg-type]
                 )
             )

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from unirl.apps.evalstats import distinct_fraction
-from unirl.apps.loop import StopFlag
+from unirl.apps.loop import PromptRecord, StopFlag, make_samples
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.ar_config import Recipe
 from unirl.apps.trainers.base import Trainer, run_trainer
 from unirl.reward.service import RewardService
-from unirl.rollout.ar import ARPipeline
 from unirl.rollout.engines import TrainsideEngine
 from unirl.rollout.engines.guards import check_weight_stamp, weight_stamp
 from unirl.rollout.engines.weights import materialize
@@ -47,8 +46,8 @@ class ARTrainer(Trainer):
         self.bundle = model_cfg.build()
         self.data = recipe.data.build()
         engine_cfg = recipe.rollout.engine
-        self.pipeline = ARPipeline(
-            self.bundle,
+        self.pipeline = recipe.model.pipeline(
+            self.bundle,  # type: ignore[arg-type]  # each model config pairs with its own bundle
             recipe.sampling,
             stage=self.stage,
             prompt_template=recipe.prompt_template,
@@ -129,21 +128,33 @@ class ARTrainer(Trainer):
             if callable(close):
                 close()
 
-    def sft_parts(self, batch_size: int, step: int) -> list[Part]:
+    def sft_records(self, batch_size: int, step: int) -> list[PromptRecord]:
+        """SFT step ``step``'s (prompt, answer[, images]) records from the data source."""
+        seed = self.cfg.seed
+        if hasattr(self.data, "sft_records"):  # records with images (a visual-question world)
+            return list(self.data.sft_records(batch_size, seed=seed, step=step))
         if not hasattr(self.data, "sft_pairs"):
             raise ValueError(f"sft needs (prompt, answer) data; data.kind={self.cfg.data.kind!r} has none")
+        pairs = self.data.sft_pairs(batch_size, seed=seed, step=step)
+        return [PromptRecord(id=f"sft{i}", prompt=p, answer=t) for i, (p, t) in enumerate(pairs)]
+
+    def sft_parts(self, batch_size: int, step: int) -> list[Part]:
         eos = self.bundle.eos_token_ids[0]
-        params = self.cfg.sampling
+        records = self.sft_records(batch_size, step)
+        samples = make_samples(
+            records, step=step, samples_per_prompt=1, split="train", dataset=self.data.name
+        )
+        prepare = getattr(self.pipeline, "prepare_prompt", None)  # a VLM caches the image conditions
         parts = []
-        for prompt, target in self.data.sft_pairs(batch_size, seed=self.cfg.seed, step=step):
-            text = self.cfg.prompt_template.format(prompt=prompt)
-            response = [*self.bundle.tokenizer.encode(target, add_special_tokens=False), eos]
-            seg = TextSegment(prompt_ids=self.bundle.encode_prompt(text), response_ids=response)
-            parts.append(
-                Part(
-                    name=self.stage, segment=seg, sampling_params=params, outputs=[TextPrimitive(text=target)]
-                )
+        for s, r in zip(samples, records):
+            target = r.answer or ""
+            part = Part(
+                name=self.stage, sampling_params=self.cfg.sampling, outputs=[TextPrimitive(text=target)]
             )
+            prompt = prepare(s, part) if prepare is not None else self.pipeline.prompt_ids(s)
+            response = [*self.bundle.tokenizer.encode(target, add_special_tokens=False), eos]
+            part.segment = TextSegment(prompt_ids=prompt, response_ids=response)
+            parts.append(part)
         return parts
 
     def shape_rewards(self, parts: list[Part]) -> None:

@@ -9,16 +9,32 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 from unirl.apps.data import PromptListConfig
 from unirl.apps.trainers.phases import RLPhase, RunSettings, SFTPhaseBase
 from unirl.apps.worlds.arithmetic_source import ArithmeticDataConfig
+from unirl.apps.worlds.shapes_vqa import ShapesVQAConfig
 from unirl.apps.worlds.word_problems_source import WordProblemsDataConfig
 from unirl.reward.config import ServiceConfig
 from unirl.rollout.ar.config import CausalLMConfig
+from unirl.rollout.ar.vlm_config import VLMConfig
 from unirl.rollout.engines.vllm_config import VLLMEngineConfig
 from unirl.train.algorithms import TokenSFTConfig
 from unirl.train.backends.config import BackendConfig
 from unirl.types import ARSamplingParams
 
 DataConfig = Annotated[
-    PromptListConfig | ArithmeticDataConfig | WordProblemsDataConfig, Field(discriminator="kind")
+    PromptListConfig | ArithmeticDataConfig | WordProblemsDataConfig | ShapesVQAConfig,
+    Field(discriminator="kind"),
+]
+
+
+def _model_kind(value: Any) -> str:
+    """``model.kind``; a mapping without one means a causal LM (the recipes before VLMs)."""
+    if isinstance(value, dict):
+        return str(value.get("kind", "causal_lm"))
+    return str(getattr(value, "kind", "causal_lm"))
+
+
+ModelConfig = Annotated[
+    Annotated[CausalLMConfig, Tag("causal_lm")] | Annotated[VLMConfig, Tag("vlm")],
+    Discriminator(_model_kind),
 ]
 
 
@@ -63,10 +79,12 @@ class ARSFTPhase(SFTPhaseBase):
 
 
 class Recipe(RunSettings):
-    """A causal-LM run: optional token-SFT warm-start on (prompt, answer) pairs, then RL (GRPO family)."""
+    """A causal-LM run: optional token-SFT warm-start on (prompt, answer) pairs, then RL (GRPO family).
+
+    ``model.kind: vlm`` makes it image-conditioned (a visual-question world's prompts carry images)."""
 
     trainer: Literal["ar"] = "ar"
-    model: CausalLMConfig
+    model: ModelConfig
     data: DataConfig
     sampling: ARSamplingParams
     eval_sampling: ARSamplingParams | None = Field(
@@ -84,6 +102,10 @@ class Recipe(RunSettings):
 
     @model_validator(mode="after")
     def _dedicated_engine(self) -> Recipe:
+        if self.model.kind == "vlm" and self.rollout.engine.kind != "trainside":
+            raise ValueError(
+                f"model.kind='vlm' samples trainside only; got rollout.engine.kind={self.rollout.engine.kind!r}"
+            )
         if self.rollout.engine.kind == "vllm" and self.backend.lora is not None:
             raise ValueError(
                 "rollout.engine.kind='vllm' with backend.lora is not supported yet (the engine loads "

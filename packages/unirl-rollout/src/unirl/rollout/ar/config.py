@@ -110,6 +110,18 @@ class CausalLMConfig(_Config):
             family=self.family,
         )
 
+    def pipeline(
+        self,
+        bundle: CausalLMBundle,
+        sampling: ARSamplingParams,
+        *,
+        stage: str = "ar",
+        prompt_template: str = "{prompt}",
+        decoder: Literal["dynamic", "static", "graph", "compiled", "fused"] = "dynamic",
+    ) -> ARPipeline:
+        """The text pipeline over ``bundle`` (a trainer's: the model as the backend will own it)."""
+        return ARPipeline(bundle, sampling, stage=stage, prompt_template=prompt_template, decoder=decoder)
+
 
 class ARPipelineConfig(_Config):
     """The trainside AR pipeline: model, default sampling params and loop options."""

@@ -10,10 +10,10 @@ processor, hence no torchvision, is needed):
 3. the single ``<|image_pad|>`` is expanded to ``prod(grid_thw) / merge_size**2`` copies, one per
    vision feature the merger emits.
 
-``multimodal_inputs`` is the one place the language model's inputs are assembled (token
-embeddings with the vision features scattered over the image pads, 3-D mRoPE positions from
-``get_rope_index``): decode's prefill and the teacher-forced replay both call it, so they see the
-same numbers. ``freeze_vision=True`` keeps the vision tower out of training: its features are
+Every forward goes through the model's own ``forward`` (it runs the vision tower, or takes
+cached features as ``mm_encoder_outputs``, and scatters them over the image pads), so a train
+backend's hooks (FSDP2 gathering, LoRA) see every call; the explicit 3-D mRoPE positions come
+from ``rope_positions`` for decode's prefill and the replay alike. ``freeze_vision=True`` keeps the vision tower out of training: its features are
 computed once at rollout and cached on the Part; otherwise replay recomputes them from the
 cached ``pixel_values`` with gradients.
 """
@@ -243,33 +243,19 @@ class VLMBundle(CausalLMBundle):
         raise TypeError("a VLM prompt carries images: use encode_multimodal(text, images)")
 
     # ---- the language model's inputs -----------------------------------------------------------
-    def image_features(self, pixel_values: Tensor, grid_thw: Tensor) -> list[Tensor]:
-        """One ``[tokens, hidden]`` feature tensor per image (under the caller's grad mode)."""
-        dev = self.device
-        out = self.model.model.get_image_features(pixel_values.to(dev), grid_thw.to(dev), return_dict=True)
-        return list(out.pooler_output)
+    def rope_positions(self, ids_BL: Tensor, attn_BL: Tensor, grid_thw: Tensor) -> tuple[Tensor, Tensor]:
+        """``(position_ids [3, B, L], rope_delta [B])``: Qwen2.5-VL's mRoPE indices of a batch
+        whose image pads, in row order, belong to the images of ``grid_thw [images, 3]``.
 
-    def multimodal_inputs(
-        self, ids_BL: Tensor, attn_BL: Tensor, image_embeds: Tensor, grid_thw: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """``(inputs_embeds [B, L, H], position_ids [3, B, L], rope_delta [B])`` for a batch whose
-        image pads, in row order, take the rows of ``image_embeds [sum tokens, H]`` (images of
-        ``grid_thw [images, 3]``, in the same order).
-
-        Positions are Qwen2.5-VL's mRoPE (``get_rope_index``; padding at 0), and ``rope_delta`` is
-        what a later text token adds to its 1-D index: position ``len_b + t + delta_b`` for the
-        ``t``-th generated token.
+        Padding gets index 0. ``rope_delta`` is what a later text token adds to its 1-D index: the
+        ``t``-th generated token of row ``b`` sits at ``len_b + t + rope_delta_b`` on all three
+        axes. (Config arithmetic only: no parameter is read, so it runs outside the forward.)
         """
-        inner = self.model.model
-        embeds_BLH = inner.get_input_embeddings()(ids_BL)
         mask_BL = ids_BL == self.image_token_id
-        if int(mask_BL.sum()) != image_embeds.shape[0]:
-            raise ValueError(f"{int(mask_BL.sum())} image pads but {image_embeds.shape[0]} image features")
-        embeds_BLH = embeds_BLH.masked_scatter(mask_BL[..., None], image_embeds.to(embeds_BLH.dtype))
-        pos_3BL, delta_B1 = inner.get_rope_index(
+        pos_3BL, delta_B1 = self.model.model.get_rope_index(
             ids_BL,
             mm_token_type_ids=mask_BL.int(),
             image_grid_thw=grid_thw.to(ids_BL.device),
             attention_mask=attn_BL,
         )
-        return embeds_BLH, pos_3BL, delta_B1.view(-1).to(ids_BL.device)
+        return pos_3BL, delta_B1.view(-1).to(ids_BL.device)

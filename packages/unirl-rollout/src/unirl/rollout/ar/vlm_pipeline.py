@@ -5,8 +5,10 @@ The Pipeline protocol of ``ARPipeline`` (``stage``, ``model``, ``generate(sample
 (``ImagePrimitive``). Rollout encodes each prompt once (chat template, image processor, image-pad
 expansion) and caches on the Part's ``conditions``:
 - ``image_grid_thw [images, 3]`` always;
-- ``image_embeds [tokens, hidden]`` when the vision tower is frozen (replay reuses the features);
-- ``pixel_values [patches, D]`` otherwise (replay recomputes the features, with gradients).
+- ``image_embeds [tokens, hidden]`` when the vision tower is frozen: the features the decode's
+  prefill computed, reused by every replay;
+- ``pixel_values [patches, D]`` otherwise: replay runs the (trained) tower again on them, the
+  same computation as the prefill's, now with gradients.
 
 Sampling, seeds and the log-prob convention are ``ARPipeline``'s (see ``unirl.rollout.ar.pipeline``),
 so the first-update ratio is 1 up to fp32 round-off.
@@ -26,7 +28,7 @@ from unirl.rollout.ar.sampling import derive_seed, draw_uniforms
 from unirl.rollout.ar.segments import ar_params, fill_text_part, loss_mask, text_segment
 from unirl.rollout.ar.stopping import cut_at_stop_string
 from unirl.rollout.ar.vlm_bundle import VLMBundle
-from unirl.rollout.ar.vlm_decode import decode_multimodal, replay_multimodal_logprobs
+from unirl.rollout.ar.vlm_decode import VisionInputs, decode_multimodal, replay_multimodal_logprobs
 from unirl.types import ARSamplingParams, Conditions, ImagePrimitive, Part, Sample, to_torch
 
 _Job = tuple[Sample, Part, list[int]]
@@ -88,18 +90,12 @@ class VLMPipeline:
                 f"sample {sample.id!r}: prompt is {len(ids)} tokens (images included) but the context "
                 f"window is {ctx}; use smaller images or a shorter prompt"
             )
-        tensors: dict[str, Tensor] = {"image_grid_thw": grid}
-        if self.bundle.freeze_vision:
-            with torch.no_grad():
-                tensors["image_embeds"] = torch.cat(self.bundle.image_features(pixels, grid)).float().cpu()
-        else:
-            tensors["pixel_values"] = pixels
-        part.conditions = Conditions(tensors=tensors)  # type: ignore[arg-type]
+        part.conditions = Conditions(tensors={"image_grid_thw": grid, "pixel_values": pixels})  # type: ignore[dict-item]
         return ids
 
-    def image_inputs(self, parts: Sequence[Part]) -> tuple[Tensor, Tensor]:
-        """``(image_embeds [tokens, H], image_grid_thw [images, 3])`` of ``parts`` in order: the
-        cached features, or features recomputed from the cached pixels (under the grad mode)."""
+    def image_inputs(self, parts: Sequence[Part]) -> VisionInputs:
+        """The images of ``parts`` in order: their cached features when every part has them
+        (a frozen tower's rollout), else their pixels (the forward runs the vision tower)."""
         conds = []
         for p in parts:
             if p.conditions is None or "image_grid_thw" not in p.conditions.tensors:
@@ -109,9 +105,12 @@ class VLMPipeline:
             conds.append(p.conditions.tensors)
         grid = torch.cat([to_torch(c["image_grid_thw"]).long() for c in conds])
         if all("image_embeds" in c for c in conds):
-            return torch.cat([to_torch(c["image_embeds"]) for c in conds]).to(self.bundle.device), grid
-        pixels = torch.cat([to_torch(c["pixel_values"]).float() for c in conds])
-        return torch.cat(self.bundle.image_features(pixels, grid)), grid
+            return VisionInputs(grid, image_embeds=torch.cat([to_torch(c["image_embeds"]) for c in conds]))
+        if all("pixel_values" in c for c in conds):
+            return VisionInputs(
+                grid, pixel_values=torch.cat([to_torch(c["pixel_values"]).float() for c in conds])
+            )
+        raise ValueError("a micro-batch mixes parts with cached image features and parts with pixels only")
 
     # ---- generation ----------------------------------------------------------------------------
     def generate(self, samples: list[Sample], *, rollout_step: int) -> list[Sample]:
@@ -139,13 +138,14 @@ class VLMPipeline:
         prompts = [ids for _, _, ids in jobs]
         limits = [min(params.max_new_tokens, ctx - len(ids)) for ids in prompts]
         seeds = [derive_seed(params.seed, rollout_step, s.id) for s, _, _ in jobs]
-        with torch.no_grad():
-            embeds, grid = self.image_inputs([p for _, p, _ in jobs])
-        out = decode_multimodal(
-            self.bundle, prompts, embeds, grid, uniforms_BN=draw_uniforms(seeds, max(limits)), limits=limits,
+        vision = self.image_inputs([p for _, p, _ in jobs])
+        out, features = decode_multimodal(
+            self.bundle, prompts, vision, uniforms_BN=draw_uniforms(seeds, max(limits)), limits=limits,
             temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
             stop_token_ids=params.stop_token_ids, pad_token_id=self.bundle.pad_token_id,
         )  # fmt: skip
+        if self.bundle.freeze_vision and features is not None:
+            self._cache_features([p for _, p, _ in jobs], features)
         stops = [x for x in params.stop if x]
         for b, (_, part, prompt_ids) in enumerate(jobs):
             n = int(out.lengths[b])
@@ -163,13 +163,24 @@ class VLMPipeline:
                 text=text, finish=finish, params=params,
             )  # fmt: skip
 
+    @staticmethod
+    def _cache_features(parts: Sequence[Part], features: Sequence[Tensor]) -> None:
+        """Keep a frozen tower's per-image features on each Part in place of its pixels."""
+        it = iter(features)
+        for p in parts:
+            tensors = p.conditions.tensors  # type: ignore[union-attr]  # prepare_prompt set them
+            n = int(to_torch(tensors["image_grid_thw"]).shape[0])
+            embeds = torch.cat([next(it) for _ in range(n)]).detach().float().cpu()
+            p.conditions = Conditions(
+                tensors={"image_grid_thw": tensors["image_grid_thw"], "image_embeds": embeds}
+            )
+
     # ---- replay --------------------------------------------------------------------------------
     def replay_logprobs(self, parts: Sequence[Part], *, with_entropy: bool = False) -> TokenReplay:
         """Teacher-forced log-probs ``[B, T]`` of the stored responses given prompt and images."""
         segs = [text_segment(p) for p in parts]
-        embeds, grid = self.image_inputs(parts)
         logp, entropy = replay_multimodal_logprobs(
-            self.bundle, [s.prompt_ids for s in segs], [s.response_ids for s in segs], embeds, grid,
+            self.bundle, [s.prompt_ids for s in segs], [s.response_ids for s in segs], self.image_inputs(parts),
             [ar_params(p, self.params).temperature for p in parts], with_entropy=with_entropy,
             model=self.replay_model,
         )  # fmt: skip
