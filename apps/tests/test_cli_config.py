@@ -104,7 +104,7 @@ def test_bad_override_and_unknown_recipe(tmp_path):
 def test_cli_unknown_trainer_is_exit_2(tmp_path, capsys):
     r = write(tmp_path, "trainer: quantum\n")
     assert cli.main(["train", r]) == 2
-    assert "trainer='quantum' is not one of ['ar', 'diffusion', 'pe']" in capsys.readouterr().err
+    assert "trainer='quantum' is not one of ['ar', 'diffusion', 'pe', 'unified']" in capsys.readouterr().err
 
 
 def test_cli_help_lists_commands(capsys):

@@ -19,6 +19,7 @@ TRAINERS = {
     "diffusion": "unirl.apps.trainers.diffusion",
     "ar": "unirl.apps.trainers.ar",
     "pe": "unirl.apps.trainers.pe",
+    "unified": "unirl.apps.trainers.unified",
 }
 """Recipe `trainer:` value -> module with `Recipe` (pydantic) and `run(recipe, run_dir, mode)`."""
 

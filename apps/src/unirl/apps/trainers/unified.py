@@ -1,0 +1,226 @@
+"""UnifiedTrainer: one backbone that thinks then draws, on the shared lifecycle (see base.py).
+
+Each Sample gets two Parts from one model: ``ar`` (the plan: the model rewrites the user's terse
+prompt as text tokens) and ``image`` (parent ``ar``: an SDE rollout of the image head conditioned on
+the exact prompt + plan tokens). The checker scores the image against the ORIGINAL prompt's meaning
+(``OriginalPromptReward``); that one reward is credited to both Parts, and each Part's advantage is
+normalised within its prompt's group. One optimizer step trains both tracks
+(``UnifiedModelTrainStack``): ``rl.ar.weight * grad L_ar + rl.image.weight * grad L_image``, each
+loss over its own global totals.
+
+SFT trains both tracks on (user prompt, canonical caption as the plan, a render of it). Evaluation
+samples the plan greedily and draws with the ODE.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from unirl.apps.data import draw
+from unirl.apps.loop import make_samples
+from unirl.apps.plots import sample_grid
+from unirl.apps.run_dir import RunDir
+from unirl.apps.trainers.base import Trainer, run_trainer, set_base_lr
+from unirl.apps.trainers.pe import OriginalPromptReward
+from unirl.apps.trainers.unified_config import Recipe, TinyUnifiedModelConfig
+from unirl.reward.service import RewardService
+from unirl.rollout.engines import TrainsideEngine
+from unirl.rollout.engines.composed import ComposedEngine
+from unirl.rollout.unified import TinyUnifiedBundle, UnifiedImagePipeline, UnifiedTextPipeline
+from unirl.train.geometry import BatchGeometry
+from unirl.train.unified_stack import Track, UnifiedModelTrainStack
+from unirl.types import (
+    LatentTrajectory,
+    Part,
+    Reward,
+    Sample,
+    TextPrimitive,
+    TextSegment,
+    compute_sample_advantages,
+    to_numpy,
+)
+
+__all__ = ["Recipe", "UnifiedTrainer", "build_bundle", "run", "world_words"]
+
+AR, IMAGE = "ar", "image"
+
+
+def world_words(data: Any) -> list[str]:
+    """Every word of the data's prompts and captions, sorted: the closed vocabulary of the world."""
+    recs = data.train_records() + data.eval_records()
+    return sorted({w for r in recs for w in f"{r.prompt} {r.answer or ''}".lower().split()})
+
+
+def build_bundle(cfg: TinyUnifiedModelConfig, words: list[str], image_size: int, seed: int) -> TinyUnifiedBundle:
+    if cfg.path is not None:
+        return TinyUnifiedBundle.from_pretrained(cfg.path)
+    sizes = cfg.model_dump(exclude={"kind", "path"})
+    return TinyUnifiedBundle.tiny(words, seed=seed, image_size=image_size, **sizes)
+
+
+class UnifiedTrainer(Trainer):
+    stage = IMAGE  # what a run is judged on: the drawing, scored against the original prompt
+
+    def __init__(self, recipe: Recipe, run_dir: RunDir) -> None:
+        super().__init__(recipe, run_dir)
+        self.data = recipe.data.build()
+        self.bundle = build_bundle(recipe.model, world_words(self.data), recipe.data.resolution, recipe.seed)
+        self.bundle.to(self.device)
+        self.backend = recipe.backend.build(self.bundle.model, device=self.device)
+        version = lambda: self.backend.global_step  # noqa: E731
+        image_alg = recipe.rl.image.algorithm if recipe.rl is not None and recipe.rl.image is not None else None
+        overrides = getattr(image_alg, "sampling_overrides", None)
+        params = recipe.image_sampling
+        params = params.model_copy(update=overrides()) if callable(overrides) else params
+        self.text_pipeline = UnifiedTextPipeline(self.bundle, stage=AR, default_params=recipe.ar_sampling)
+        self.pipeline = UnifiedImagePipeline(
+            self.bundle,
+            stage=IMAGE,
+            text_part=AR,
+            default_params=params,
+            record_old_means=image_alg is not None and image_alg.kind == "flow_dppo",
+        )
+        self.engine = ComposedEngine(
+            [
+                (AR, TrainsideEngine(self.text_pipeline, weight_version=version)),
+                (IMAGE, TrainsideEngine(self.pipeline, weight_version=version)),
+            ]
+        )
+        noise = params.noise.model_copy(update={"scope": "sample"})
+        ode = params.model_copy(update={"eta": 0.0, "sde_strategy": "ode", "noise": noise})
+        self.eval_engine = ComposedEngine(
+            [
+                (AR, TrainsideEngine(self.text_pipeline, weight_version=version)),
+                (IMAGE, TrainsideEngine(UnifiedImagePipeline(self.bundle, default_params=ode), weight_version=version)),
+            ]
+        )
+        self.reward = OriginalPromptReward(RewardService.local(recipe.reward))
+        self.algorithm = None  # each track has its own
+        self.batch: list[Sample] | None = None  # collect's rollout, consumed by the train step
+
+    # ---- SFT: both tracks on (prompt, canonical plan, render) ---------------------------------
+    def sft_parts(self, batch_size: int, step: int) -> list[Part]:
+        """``batch_size`` AR Parts (prompt -> canonical caption + EOS), then their image Parts
+        (the caption's render, conditioned on the same prompt + plan tokens)."""
+        b, seed = self.bundle, self.cfg.seed
+        pairs = self.data.sft_pairs(batch_size, seed=seed, step=step)
+        rng = np.random.default_rng([seed, step, 29])
+        images = np.stack([self.data.world.example(caption, rng).image for _, caption in pairs])
+        with torch.no_grad():
+            x0 = b.encode_images(torch.from_numpy(images)).float().cpu()
+        text, image = [], []
+        for (prompt, caption), x in zip(pairs, x0):
+            ids, plan = b.encode_prompt(prompt), [*b.encode_plan(caption), b.eos_token_id]
+            seg = TextSegment(prompt_ids=ids, response_ids=plan)
+            text.append(
+                Part(name=AR, segment=seg, sampling_params=self.cfg.ar_sampling, outputs=[TextPrimitive(text=caption)])
+            )
+            image.append(
+                Part.model_construct(
+                    name=IMAGE,
+                    parent=AR,
+                    segment=LatentTrajectory.model_construct(
+                        kind="latent", latents=x[None], positions=[1], sigmas=[1.0, 0.0], sde_indices=[]
+                    ),
+                    conditions=b.context_conditions(ids, plan),
+                    outputs=[],
+                    status="completed",
+                )
+            )
+        return text + image
+
+    def begin_phase(self, name: str, *, starting: bool = False) -> Any:
+        if name == "sft":
+            phase = self.cfg.sft
+            if phase.lr is not None:
+                set_base_lr(self.backend, phase.lr)
+            geometry = BatchGeometry(micro_batch_size=min(phase.micro_batch_size or phase.batch_size, phase.batch_size))
+            tracks = [
+                Track(AR, phase.ar.build(), self.text_pipeline, phase.ar_weight),
+                Track(IMAGE, phase.image.build(), self.pipeline, phase.image_weight),
+            ]
+            return UnifiedModelTrainStack(self.backend, tracks, geometry).train_on
+        if name != "rl":
+            raise ValueError(f"phase={name!r} is not one of 'sft', 'rl'")
+        phase = self.cfg.rl
+        if starting and phase.reset_optimizer:
+            self.backend.reset_optimizer()
+        if phase.lr is not None:
+            set_base_lr(self.backend, phase.lr)
+        tracks = [
+            Track(n, t.algorithm.build(), pipe, t.weight)
+            for n, t, pipe in ((AR, phase.ar, self.text_pipeline), (IMAGE, phase.image, self.pipeline))
+            if t is not None
+        ]
+        stack = UnifiedModelTrainStack(self.backend, tracks, phase.geometry)
+        return lambda parts: self.train_step(stack, parts)
+
+    # ---- RL: prompts -> think + draw -> reward -> credit both -> advantages -> one step ---------
+    def collect(
+        self, phase: Any, train: list[Any], step: int, rollout: Any = None
+    ) -> tuple[list[Sample], dict[str, float]]:
+        """One step's rollout, scored and credited; the samples are kept for the train step."""
+        if rollout is not None:
+            raise ValueError("the unified trainer samples with its own engine (no async rollout copy)")
+        records = draw(train, phase.prompts_per_step, seed=self.cfg.seed, step=step)
+        samples = make_samples(
+            records, step=step, samples_per_prompt=phase.samples_per_prompt, split="train", dataset=self.data.name
+        )
+        samples = self.rollout(samples, step)
+        self.reward.score_samples(samples, IMAGE)
+        credit_text_part(samples)
+        for name in (AR, IMAGE):
+            compute_sample_advantages(samples, name, phase.advantage)
+        self.batch = samples
+        groups: dict[str, set[float]] = {}
+        for s in samples:
+            groups.setdefault(s.group_id, set()).add(s.part(IMAGE).reward.total)  # type: ignore[union-attr]
+        exact = [s.part(AR).text.strip() == s.metadata.answer for s in samples]
+        return samples, {
+            "groups_with_signal": float(np.mean([len(v) > 1 for v in groups.values()])),
+            "ar/plan_exact": float(np.mean(exact)),
+        }
+
+    def train_step(self, stack: UnifiedModelTrainStack, parts: list[Part]) -> dict[str, float]:
+        """Both tracks of the last collect()'s samples (``parts``: the loop's view, its image Parts)."""
+        batch, self.batch = self.batch, None
+        if batch is None or len(parts) != len(batch) or any(p is not s.part(IMAGE) for p, s in zip(parts, batch)):
+            raise RuntimeError("UnifiedTrainer.train_step got parts that are not the images of the last collect()")
+        names = {t.name for t in stack.tracks}
+        return stack.train_on([s.part(n) for n in (AR, IMAGE) if n in names for s in batch])
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    def eval_params(self) -> Any:
+        return self.cfg.eval_ar_sampling or self.cfg.ar_sampling.model_copy(update={"top_k": 1})
+
+    def sample_prompts(self, records: Any, samples_per_prompt: int, params: Any) -> list[Sample]:
+        samples = make_samples(
+            list(records), step=0, samples_per_prompt=samples_per_prompt, split="eval", dataset=self.data.name
+        )
+        for s in samples:
+            s.ensure_part(AR).sampling_params = params
+        return self.eval_engine.generate(samples, rollout_step=0)
+
+    def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path:
+        imgs = [np.asarray(to_numpy(s.part(IMAGE).outputs[0].pixels)) for s in samples]
+        labels = [f"{s.prompt} -> {s.part(AR).text} | r={r:.2f}" for s, r in zip(samples, rewards)]
+        return sample_grid(imgs, labels, path)
+
+
+def credit_text_part(samples: list[Sample]) -> None:
+    """The plan is credited with its own image's reward (one image per plan: the mean of one)."""
+    for s in samples:
+        r = s.part(IMAGE).reward
+        if r is None:
+            raise ValueError(f"sample {s.id!r}: the image Part has no reward; score it first")
+        s.part(AR).reward = Reward(total=r.total, components=dict(r.components))
+
+
+def run(recipe: Recipe, run_dir: Path, *, mode: str = "train", recipe_name: str = "") -> int:
+    return run_trainer(
+        UnifiedTrainer, recipe, run_dir, mode=mode, recipe_name=recipe_name, title=f"unirl unified-model run: {recipe_name}"
+    )
