@@ -33,6 +33,8 @@ def summary(run: Path) -> dict[str, float | str]:
         "staleness": " ".join(f"{k}:{v}" for k, v in sorted(hist.items())),
         "train_wait_s": sum(r.get("async/train_wait_s", 0.0) for r in steps),
         "rollout_s": sum(r.get("async/rollout_s", 0.0) for r in steps),
+        "rollout_wait_s": sum(r.get("async/rollout_wait_s", 0.0) for r in steps),
+        "interrupted": sum(r.get("async/interrupted_frac", 0.0) for r in steps) / len(steps),
         "dropped": steps[-1].get("async/dropped", 0.0),
         "sft_acc": next(
             (e["eval_accuracy"] for e in evals if e["step"] == 0 and e is not evals[0]), float("nan")
@@ -53,6 +55,7 @@ if __name__ == "__main__":
         print(
             f"{s['run']}: {s['rl_steps']} steps, {1e3 * s['s_per_sample']:.2f} ms/sample "  # type: ignore[operator]
             f"(vs first: {base / s['s_per_sample']:.2f}x faster), staleness {s['staleness']}, "  # type: ignore[operator]
-            f"train waited {s['train_wait_s']:.1f}s, rollout {s['rollout_s']:.1f}s, dropped {s['dropped']:.0f}, "
+            f"train waited {s['train_wait_s']:.1f}s, rollout {s['rollout_s']:.1f}s (waited "
+            f"{s['rollout_wait_s']:.1f}s), interrupted {100 * s['interrupted']:.1f}%, dropped {s['dropped']:.0f}, "  # type: ignore[operator]
             f"acc sft {100 * s['sft_acc']:.1f}% -> {100 * s['final_acc']:.1f}%"  # type: ignore[operator]
         )

@@ -62,7 +62,8 @@ def gain_lines(
 
 def async_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The async lifecycle's account from the RL rows of metrics.jsonl: staleness histogram, the
-    buffer's counts, how long the trainer waited for rollouts, and the off-policy weights."""
+    buffer's counts, how long the trainer (and the rollout thread) waited, partial rollouts, and
+    the off-policy weights."""
     rl = {r["step"]: r for r in rows if r.get("phase") == "rl" and "async/staleness" in r}
     if not rl:
         return []
@@ -84,6 +85,18 @@ def async_lines(rows: list[dict[str, Any]]) -> list[str]:
         f"- the trainer waited {wait:.1f} s for rollouts over {wall:.1f} s of RL; the rollout thread sampled "
         f"{roll:.1f} s (overlap is lost where the trainer waits)",
     ]
+    if any("async/rollout_wait_s" in r for r in steps):
+        idle = sum(r.get("async/rollout_wait_s", 0.0) for r in steps)
+        out.append(f"- the rollout thread waited {idle:.1f} s for the staleness / capacity bounds")
+    partial = [r for r in steps if "async/interrupted_frac" in r]
+    if partial:  # rl.buffer.partial_rollouts
+        frac = sum(r["async/interrupted_frac"] for r in partial) / len(partial)
+        mean = sum(r["async/versions_per_sample_mean"] for r in partial) / len(partial)
+        top = max(r["async/versions_per_sample_max"] for r in partial)
+        out.append(
+            f"- partial rollouts: {100 * frac:.1f}% of trained samples were continued across a weight "
+            f"update; policy versions per sample {mean:.2f} on average, {top:.0f} at most"
+        )
     clipped = [r["is_weight_clipped_frac"] for r in steps if "is_weight_clipped_frac" in r]
     if clipped:
         top = max(r.get("is_weight_raw_max", 0.0) for r in steps)
