@@ -65,7 +65,7 @@ def perturbed(model: nn.Module, scale: float = 0.3) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(7)
     sd = state(model)
     for k, p in model.named_parameters():
-        sd[k] = sd[k] + scale * p.detach().std().nan_to_num() * torch.randn(p.shape, generator=g)
+        sd[k] = sd[k] + scale * p.detach().std().nan_to_num() * torch.randn(p.shape, generator=g).to(p.device)
     return sd
 
 
@@ -88,6 +88,19 @@ def test_continued_with_the_same_weights_is_the_uninterrupted_generation(bundle:
 
 
 def test_continued_with_new_weights_scores_each_token_under_its_own_policy(bundle: CausalLMBundle) -> None:
+    check_new_weights_parity(bundle, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_continued_with_new_weights_parity_on_cuda() -> None:
+    """The same parity on a GPU, fp32 (the decode's KV-cached kernels vs one replay forward)."""
+    bundle = CausalLMBundle.tiny_qwen3(seed=2)
+    bundle.model.to("cuda")
+    check_new_weights_parity(bundle, atol=1e-4)
+
+
+def check_new_weights_parity(bundle: CausalLMBundle, *, atol: float) -> None:
     k = 4
     w0, w1 = state(bundle.model), perturbed(bundle.model)
     old = generate(bundle)
@@ -110,8 +123,9 @@ def test_continued_with_new_weights_scores_each_token_under_its_own_policy(bundl
         after, before = new.mask.clone(), new.mask.clone()
         after[:, :k], before[:, k:] = False, False
         assert after.any() and before.any()
-        torch.testing.assert_close(behav[after], new.logp[after], atol=1e-5, rtol=0)
-        torch.testing.assert_close(behav[before], was.logp[before], atol=1e-5, rtol=0)
+        behav = behav.to(new.logp.device)
+        torch.testing.assert_close(behav[after], new.logp[after], atol=atol, rtol=0)
+        torch.testing.assert_close(behav[before], was.logp[before], atol=atol, rtol=0)
         # the two policies really differ on these tokens: the spans are not decoration
         assert (was.logp[after] - new.logp[after]).abs().max() > 1e-2
         for s in mixed:
