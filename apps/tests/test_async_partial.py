@@ -81,6 +81,8 @@ def test_tokens_record_their_version_and_staleness_counts_from_the_oldest() -> N
         "async/versions_per_sample_max": 3.0,
         "async/interrupted_frac": 1.0,
         "async/sample_staleness_mean": 3.0,
+        # 3 tokens 3 behind, 3 tokens 2 behind, 6 tokens 1 behind: 21 / 12
+        "async/token_staleness_mean": 1.75,
     }
     buf = SampleBuffer(capacity=2, max_staleness=2, total_steps=8)
     buf.put(Batch(0, oldest_version(samples, "ar", default=2), samples))  # too stale by its oldest
@@ -161,6 +163,7 @@ def test_async_arithmetic_with_partial_rollouts_trains(tmp_path: Path) -> None:
     for r in rl:
         assert r["async/produced"] == r["async/trained"] + r["async/dropped"] + r["async/buffered"], r
         assert r["async/staleness"] <= 1 and r["async/sample_staleness_mean"] <= r["async/staleness"]
+        assert r["async/token_staleness_mean"] <= r["async/sample_staleness_mean"]
         assert 1.0 <= r["async/versions_per_sample_mean"] <= r["async/versions_per_sample_max"] <= 2.0
         assert (r["async/interrupted_frac"] > 0) == (r["async/versions_per_sample_max"] == 2.0)
         assert 0.0 < r["is_weight_mean"] <= 2.0 and r["grad_norm"] > 0 and r["num_optimizer_steps"] > 0

@@ -93,9 +93,11 @@ def async_lines(rows: list[dict[str, Any]]) -> list[str]:
         frac = sum(r["async/interrupted_frac"] for r in partial) / len(partial)
         mean = sum(r["async/versions_per_sample_mean"] for r in partial) / len(partial)
         top = max(r["async/versions_per_sample_max"] for r in partial)
+        tok = [r["async/token_staleness_mean"] for r in partial if "async/token_staleness_mean" in r]
         out.append(
             f"- partial rollouts: {100 * frac:.1f}% of trained samples were continued across a weight "
             f"update; policy versions per sample {mean:.2f} on average, {top:.0f} at most"
+            + (f"; mean token staleness {sum(tok) / len(tok):.3f}" if tok else "")
         )
     clipped = [r["is_weight_clipped_frac"] for r in steps if "is_weight_clipped_frac" in r]
     if clipped:

@@ -50,15 +50,19 @@ def oldest_version(samples: Sequence[Sample], stage: str, default: int) -> int:
 
 def version_metrics(samples: Sequence[Sample], stage: str, trained_version: int) -> dict[str, float]:
     """Versions per sample (mean, max), the fraction of samples interrupted (sampled by more than
-    one version) and the mean staleness from each sample's oldest token; {} without versions."""
+    one version), the mean staleness from each sample's oldest token (what the bound applies to)
+    and the mean staleness of the tokens themselves (lower: the freshness partial rollouts buy);
+    {} without versions."""
     segs = _versioned(samples, stage)
     if not segs:
         return {}
     counts = np.array([len(g.versions) for g in segs])  # type: ignore[arg-type]
     oldest = np.array([g.versions[0].version for g in segs])  # type: ignore[index]
+    tokens = np.array([v for g in segs for v in g.token_versions() or []])
     return {
         "async/versions_per_sample_mean": float(counts.mean()),
         "async/versions_per_sample_max": float(counts.max()),
         "async/interrupted_frac": float((counts > 1).mean()),
         "async/sample_staleness_mean": float((trained_version - oldest).mean()),
+        "async/token_staleness_mean": float((trained_version - tokens).mean()),
     }
