@@ -83,9 +83,31 @@ class TinyShapesModelConfig(BaseModel):
         return PixelFlowBundle.shapes(**self.model_dump(exclude={"kind"}), seed=seed).to(device)
 
 
+class TinyVideoModelConfig(BaseModel):
+    """The small pixel-space text-to-video model trained from scratch on the moving-shapes world:
+    a factorised space / time U-Net (``TinyVideoUNet``) with a frozen word-level text encoder."""
+
+    model_config = _STRICT
+    kind: Literal["tiny_moving_shapes"] = "tiny_moving_shapes"
+    resolution: int = Field(default=16, ge=8, description="frame side; must equal data.resolution")
+    channels: int = Field(default=16, ge=8, description="U-Net width (a multiple of 8)")
+    text_dim: int = Field(default=64, ge=8)
+    text_layers: int = Field(default=2, ge=1)
+    unet_text_layers: int = Field(default=1, ge=0, description="trainable text layers inside the U-Net")
+    max_frames: int = Field(default=16, ge=1, description="frames the frame embedding covers")
+    fps: float = Field(default=4.0, gt=0)
+
+    def build(self, device: torch.device, seed: int) -> Any:
+        from unirl.rollout.models.tiny.video_bundle import PixelVideoBundle
+
+        kw = self.model_dump(exclude={"kind", "resolution"})
+        return PixelVideoBundle.tiny(**kw, seed=seed).to(device)
+
+
 DiffusionModelConfig = Annotated[
     SD3ModelConfig
     | TinyShapesModelConfig
+    | TinyVideoModelConfig
     | FluxModelConfig
     | QwenImageModelConfig
     | Flux2KleinModelConfig

@@ -21,7 +21,7 @@ from unirl.apps.trainers.diffusion_config import Recipe
 from unirl.reward.service import RewardService
 from unirl.rollout.engines import TrainsideEngine
 from unirl.rollout.pipelines import FlowMatchPipeline
-from unirl.types import LatentTrajectory, Part, Sample, to_numpy
+from unirl.types import LatentTrajectory, Part, Sample, VideoPrimitive, to_numpy
 
 __all__ = ["DiffusionTrainer", "Recipe", "run"]
 
@@ -94,13 +94,29 @@ class DiffusionTrainer(Trainer):
         """Mean pixel difference of one prompt's images, pair by pair (None for one sample a prompt)."""
         if len(samples) < 2:
             return None
-        return pairwise_diversity(
-            [np.asarray(to_numpy(s.part(self.stage).outputs[0].pixels)) for s in samples]
-        )
+        return pairwise_diversity([media_array(s.part(self.stage)) for s in samples])
 
     def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path:
-        imgs = [np.asarray(to_numpy(s.part(self.stage).outputs[0].pixels)) for s in samples]
-        return sample_grid(imgs, [f"{s.prompt} | r={r:.2f}" for s, r in zip(samples, rewards)], path)
+        imgs = [media_array(s.part(self.stage), strip=True) for s in samples]
+        cols = 2 if imgs and imgs[0].shape[1] > imgs[0].shape[0] else 4  # film strips: 2 a row
+        caps = [f"{s.prompt} | r={r:.2f}" for s, r in zip(samples, rewards)]
+        return sample_grid(imgs, caps, path, cols=cols)
+
+
+def media_array(part: Part, *, strip: bool = False) -> np.ndarray:
+    """The Part's decoded output as uint8: an image [H, W, 3], or a video [F, H, W, 3]; with
+    ``strip`` a video becomes one film strip [H, F * (W + 1) - 1, 3] (frames left to right, grey gaps)."""
+    out = part.outputs[0]
+    if not isinstance(out, VideoPrimitive):
+        return np.asarray(to_numpy(out.pixels))  # type: ignore[union-attr]
+    frames = np.asarray(to_numpy(out.frames))
+    if not strip:
+        return frames
+    f, h, w, c = frames.shape
+    film = np.full((h, f * (w + 1) - 1, c), 128, dtype=np.uint8)
+    for i in range(f):
+        film[:, i * (w + 1) : i * (w + 1) + w] = frames[i]
+    return film
 
 
 def run(recipe: Recipe, run_dir: Path, *, mode: str = "train", recipe_name: str = "") -> int:

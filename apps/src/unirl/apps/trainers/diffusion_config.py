@@ -7,15 +7,18 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from unirl.apps.data import PromptListConfig
-from unirl.apps.models import DiffusionModelConfig, TinyShapesModelConfig
+from unirl.apps.models import DiffusionModelConfig, TinyShapesModelConfig, TinyVideoModelConfig
 from unirl.apps.trainers.phases import RLPhase, RunSettings, SFTPhaseBase
+from unirl.apps.worlds.moving_shapes import MovingShapesDataConfig
 from unirl.apps.worlds.shapes_source import ShapesDataConfig
 from unirl.reward.config import ServiceConfig
 from unirl.train.algorithms import DiffusionNFTConfig, FlowSFTConfig
 from unirl.train.backends.config import BackendConfig
 from unirl.types import DiffusionSamplingParams
 
-DataConfig = Annotated[PromptListConfig | ShapesDataConfig, Field(discriminator="kind")]
+DataConfig = Annotated[
+    PromptListConfig | ShapesDataConfig | MovingShapesDataConfig, Field(discriminator="kind")
+]
 
 
 class DiffusionSFTPhase(SFTPhaseBase):
@@ -62,6 +65,24 @@ class Recipe(RunSettings):
                 f"data.resolution={data_res} but model.resolution={res}: SFT images and the model must "
                 f"have one size; set data.resolution={res} (or model.resolution={data_res} and the sampling sizes)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _video_sizes(self) -> Recipe:
+        """The tiny video model samples videos of the data's frame size and length."""
+        if not isinstance(self.model, TinyVideoModelConfig):
+            return self
+        res, s = self.model.resolution, self.sampling
+        frames = getattr(self.data, "num_frames", s.num_frames)
+        if s.num_frames is None or (s.height, s.width, s.num_frames) != (res, res, frames):
+            raise ValueError(
+                f"sampling.height={s.height}, sampling.width={s.width}, sampling.num_frames={s.num_frames} "
+                f"but model.resolution={res} and data.num_frames={frames}: set sampling.height={res} "
+                f"sampling.width={res} sampling.num_frames={frames}"
+            )
+        data_res = getattr(self.data, "resolution", res)
+        if data_res != res:
+            raise ValueError(f"data.resolution={data_res} but model.resolution={res}: make them equal")
         return self
 
     @model_validator(mode="after")
