@@ -3,6 +3,8 @@ replay parity of both tracks (think: per-token log-probs; draw: per-SDE-step log
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -109,3 +111,51 @@ def test_think_then_draw_replays_both_tracks_exactly() -> None:
     ids = to_torch(imgs[0].conditions.tensors["context_ids"])  # type: ignore[union-attr]
     n = len(s0.prompt_ids) + len(s0.response_ids)  # type: ignore[union-attr]
     assert ids[:n].tolist() == [*s0.prompt_ids, *s0.response_ids]  # type: ignore[union-attr]
+
+
+def tiny_janus(vocab_size: int) -> Any:
+    from transformers import JanusConfig, JanusForConditionalGeneration
+
+    cfg = JanusConfig(
+        text_config={"model_type": "llama", "vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "max_position_embeddings": 64},
+        vision_config={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4, "image_size": 16,
+                       "patch_size": 8, "projection_dim": 32, "num_image_tokens": 4, "depth": 1},
+        vq_config={"embed_dim": 8, "num_embeddings": 16, "latent_channels": 32, "base_channels": 32,
+                   "channel_multiplier": [1, 1], "num_res_blocks": 1, "projection_dim": 32,
+                   "image_token_embed_dim": 32, "num_patches": 2, "num_hidden_layers": 1},
+        image_token_id=vocab_size - 1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return JanusForConditionalGeneration(cfg).eval()
+
+
+def test_janus_checkpoint_layout_loads_and_thinks_through_the_text_track(tmp_path) -> None:
+    """transformers' Janus (the installed unified-model class): a tiny checkpoint written by
+    save_pretrained loads back bit-exact through JanusBundle.from_pretrained, and its text head runs the
+    think track (sampling, then a replay that reproduces every token's log-prob). Its image head is
+    VQ tokens, which the flow-matching image track refuses with a clear error."""
+    from unirl.rollout.ar.tokenizer import build_char_tokenizer
+    from unirl.rollout.unified.janus import JanusBundle
+
+    torch.set_num_threads(1)
+    tok = build_char_tokenizer("abcdefghijklmnopqrstuvwxyz =", chat_template=None)
+    model = tiny_janus(len(tok) + 1)  # one id past the tokenizer: Janus's image placeholder token
+    JanusBundle(model, tok).save_pretrained(tmp_path / "janus")
+    assert {"config.json", "model.safetensors"} <= {p.name for p in (tmp_path / "janus").iterdir()}
+    b = JanusBundle.from_pretrained(tmp_path / "janus", max_text_len=32)
+    sa, sb = model.state_dict(), b.model.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    ids = torch.tensor([b.encode_prompt("two red squares") + [b.pad_token_id] * 4])
+    mask = torch.arange(ids.shape[1])[None] < ids.shape[1] - 4
+    assert torch.equal(b.text_logits(ids, mask), model(input_ids=ids, attention_mask=mask.long()).logits.float())
+    text = UnifiedTextPipeline(b, default_params=ARSamplingParams(max_new_tokens=5, temperature=1.0))
+    samples = [Sample(id=f"s{i}", group_id="g", inputs=[TextPrimitive(text=p)]) for i, p in enumerate(["rd sq", "a dot"])]
+    parts = [s.part("ar") for s in text.generate(samples, rollout_step=0)]
+    rep = text.replay_logprobs(parts)
+    for i, p in enumerate(parts):
+        n = len(p.segment.response_ids)  # type: ignore[union-attr]
+        torch.testing.assert_close(rep.logp[i, :n], to_torch(p.segment.log_probs), rtol=0, atol=1e-6)  # type: ignore[union-attr]
+    with pytest.raises(NotImplementedError, match="VQ codebook tokens"):
+        b.predict_velocity(torch.zeros(1, 3, 16, 16), torch.tensor([0.5]), {})

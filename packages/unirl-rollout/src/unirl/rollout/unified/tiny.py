@@ -118,11 +118,13 @@ class TinyUnifiedModel(nn.Module):
         # image encoder / decoder (Transfusion's U-Net down / up blocks around the backbone)
         self.t_emb = nn.Sequential(nn.Linear(D, D), nn.SiLU(), nn.Linear(D, D))
         self.conv_in = nn.Conv2d(c.image_channels + 2, c1, 3, padding=1)
-        self.down1, self.pool1 = ResBlock(c1, c1, D), nn.Conv2d(c1, c1, 3, stride=2, padding=1)
+        self.pool1 = nn.Conv2d(c1, c1, 3, stride=2, padding=1)
         self.down2, self.pool2 = ResBlock(c1, c2, D), nn.Conv2d(c2, c2, 3, stride=2, padding=1)
         self.to_tokens, self.from_tokens = nn.Linear(c2, D), nn.Linear(D, c2)
         self.up2 = ResBlock(2 * c2, c2, D)
-        self.up1 = ResBlock(c2 + c1, c1, D)
+        # full resolution: only light layers (a 1x1 mix of the upsampled features with the input's
+        # skip, then the output conv); the 3x3 work happens at 1/2 and 1/4 resolution
+        self.up1 = nn.Conv2d(c2 + c1, c1, 1)
         self.norm_out = nn.GroupNorm(8, c1)
         self.conv_out = nn.Conv2d(c1, c.image_channels, 3, padding=1)
         nn.init.zeros_(self.conv_out.weight)
@@ -165,8 +167,8 @@ class TinyUnifiedModel(nn.Module):
         B, _, H, W = latents_BCHW.shape
         emb = self.t_emb(timestep_embedding(sigma_B.float() * 1000.0, self.config.hidden_size))
         x = torch.cat([latents_BCHW, coordinate_planes(latents_BCHW)], dim=1)
-        s1 = self.down1(self.conv_in(x), emb)
-        s2 = self.down2(self.pool1(s1), emb)
+        s1 = self.conv_in(x)  # [B, c1, H, W]
+        s2 = self.down2(self.pool1(s1), emb)  # [B, c2, H/2, W/2]
         g = self.pool2(s2)  # [B, c2, H/4, W/4]
         img_BND = self.to_tokens(g.flatten(2).transpose(1, 2)) + self.image_pos + emb[:, None]
         N, L = img_BND.shape[1], ids_BL.shape[1]
@@ -174,7 +176,7 @@ class TinyUnifiedModel(nn.Module):
         h = self._backbone(h, joint_attention_mask(mask_BL, N))[:, L:]
         g = self.from_tokens(h).transpose(1, 2).reshape(B, -1, H // 4, W // 4)
         u = self.up2(torch.cat([F.interpolate(g, scale_factor=2.0, mode="nearest"), s2], 1), emb)
-        u = self.up1(torch.cat([F.interpolate(u, scale_factor=2.0, mode="nearest"), s1], 1), emb)
+        u = self.up1(torch.cat([F.interpolate(u, scale_factor=2.0, mode="nearest"), s1], 1))
         return self.conv_out(F.silu(self.norm_out(u)))
 
     # ---- save / load --------------------------------------------------------------------------
