@@ -115,3 +115,25 @@ def test_sub_grammar_and_config_errors() -> None:
         ShapesWorldConfig(layout="grid", grid_cells=5)
     with pytest.raises(ValueError, match="no captions"):
         ShapesWorld(ShapesWorldConfig(include_pairs=False, include_single=False))
+
+
+def test_sft_caption_noise_mislabels_that_fraction_only() -> None:
+    """`sft_caption_noise` p: the images are the clean ones, a fraction ~p of the captions is a
+    random training caption (the checker rejects ~all of those pairs), the same for the same
+    (seed, step), never a held-out caption, and p=0 is the clean source."""
+    from unirl.apps.worlds.shapes_source import ShapesDataConfig
+
+    clean = ShapesDataConfig(max_count_pair=1).build()
+    noisy = ShapesDataConfig(max_count_pair=1, sft_caption_noise=0.3).build()
+    img0, cap0 = clean.sft_examples(400, seed=3, step=7)
+    img1, cap1 = noisy.sft_examples(400, seed=3, step=7)
+    assert np.array_equal(img0, img1)
+    changed = np.mean([a != b for a, b in zip(cap0, cap1, strict=True)])
+    assert 0.22 < changed < 0.34  # 0.3 minus the ~1/90 draws that pick the own caption; 400 draws: s.d. 0.023
+    assert set(cap1) <= set(noisy.world.captions("train"))
+    assert noisy.sft_examples(400, seed=3, step=7)[1] == cap1
+    assert noisy.sft_examples(400, seed=3, step=8)[1] != cap1
+    wrong = [check_image(im, c).correct for im, a, c in zip(img1, cap0, cap1, strict=True) if a != c]
+    assert np.mean(wrong) < 0.1
+    with pytest.raises(ValueError, match="sft_caption_noise"):
+        ShapesDataConfig(sft_caption_noise=1.0)

@@ -35,16 +35,25 @@ class ShapesDataConfig(BaseModel):
         "above",
         "below",
     )
+    sft_caption_noise: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="fraction of SFT examples whose caption is a random training caption instead of the "
+        "image's own (mislabelled data, as in scraped image-text pairs); RL and evaluation never see it",
+    )
 
     def build(self) -> ShapesSource:
-        return ShapesSource(ShapesWorld(ShapesWorldConfig(**self.model_dump(exclude={"kind"}))))
+        world = ShapesWorld(ShapesWorldConfig(**self.model_dump(exclude={"kind", "sft_caption_noise"})))
+        return ShapesSource(world, sft_caption_noise=self.sft_caption_noise)
 
 
 class ShapesSource:
     name = "shapes"
 
-    def __init__(self, world: ShapesWorld) -> None:
+    def __init__(self, world: ShapesWorld, *, sft_caption_noise: float = 0.0) -> None:
         self.world = world
+        self.sft_caption_noise = sft_caption_noise
 
     def _records(self, split: Literal["train", "held_out"]) -> list[PromptRecord]:
         return [PromptRecord(id=f"{split[0]}{i}", prompt=c) for i, c in enumerate(self.world.captions(split))]
@@ -59,6 +68,21 @@ class ShapesSource:
         return [recs[int(i)] for i in order]
 
     def sft_examples(self, n: int, *, seed: int, step: int) -> tuple[np.ndarray, list[str]]:
-        """``n`` training renders ``uint8 [n, H, W, 3]`` with their captions, seeded by ``(seed, step)``."""
+        """``n`` training renders ``uint8 [n, H, W, 3]`` with their captions, seeded by ``(seed, step)``.
+
+        With ``sft_caption_noise`` p, each example independently (probability p) gets a caption drawn
+        uniformly from the training captions instead of its own: the SFT policy then converges to a
+        mixture that ignores the prompt about a fraction p of the time, whatever the machine, and
+        only a reward that reads the image against the prompt can remove it.
+        """
         ex = self.world.sample(n, seed=seed * 1_000_003 + step, split="train")
-        return np.stack([e.image for e in ex]), [e.caption for e in ex]
+        captions = [e.caption for e in ex]
+        if self.sft_caption_noise > 0:
+            rng = np.random.default_rng([seed, step, 0x5F7])
+            pool = self.world.captions("train")
+            noisy = rng.random(n) < self.sft_caption_noise
+            picks = rng.integers(len(pool), size=n)
+            captions = [
+                pool[int(k)] if flip else c for c, flip, k in zip(captions, noisy, picks, strict=True)
+            ]
+        return np.stack([e.image for e in ex]), captions
