@@ -20,6 +20,9 @@ TINY = ["device=cpu", "threads=1", "model.hidden_size=32", "model.num_layers=1",
         "image_sampling.num_steps=4", "rl.steps=1", "rl.prompts_per_step=2", "rl.samples_per_prompt=4",
         "rl.geometry.micro_batch_size=4", "eval.num_prompts=2", "eval.samples_per_prompt=1", "eval.grid_size=2",
         "eval.every=0", "sft.steps=1", "sft.batch_size=4"]  # fmt: skip
+FLOW_GRPO = ["image_sampling.sde_strategy=flow_sde", "image_sampling.eta=0.7",
+             "rl.image.algorithm={kind: flow_grpo, clip_range: 1.0e-3}"]  # fmt: skip
+"""The image track on FlowGRPO (per-step log-probs: a ratio to check); the recipe's default is DiffusionNFT."""
 DENSE = {"scorers": [{"name": "geneval", "weight": 1.0, "scorer": {"kind": "shapes", "reward": "score"}}]}
 
 
@@ -31,7 +34,7 @@ def trainer(tmp_path: Path, extra: list[str] = ()) -> UnifiedTrainer:
 
 
 def test_one_rl_step_two_parts_one_reward_both_on_policy(tmp_path: Path) -> None:
-    t = trainer(tmp_path)
+    t = trainer(tmp_path, FLOW_GRPO)
     train = t.begin_phase("rl", starting=True)
     samples, extra = t.collect(t.cfg.rl, t.data.train_records(), 0)
     assert len(samples) == 8 and 0.0 <= extra["ar/plan_exact"] <= 1.0
@@ -85,5 +88,22 @@ def test_recipe_errors_name_the_field() -> None:
         validate(Recipe, load_dict("shapes_unified", ["rl.ar=null", "rl.image=null"]))
     with pytest.raises(RecipeError, match="rl.ar.weight"):
         validate(Recipe, load_dict("shapes_unified", ["rl.ar.weight=-1"]))
-    assert validate(Recipe, base).rl.image.algorithm.kind == "flow_grpo"  # type: ignore[union-attr]
+    with pytest.raises(RecipeError, match=r"diffusion_nft uses the backend's EMA as its old policy"):
+        validate(Recipe, load_dict("shapes_unified", ["backend.ema=null"]))
+    with pytest.raises(RecipeError, match="diffusion_nft learns from ODE samples"):
+        validate(Recipe, load_dict("shapes_unified", ["image_sampling.sde_strategy=flow_sde", "image_sampling.eta=0.7"]))
+    assert validate(Recipe, base).rl.image.algorithm.kind == "diffusion_nft"  # type: ignore[union-attr]
+    assert validate(Recipe, load_dict("shapes_unified", FLOW_GRPO)).rl.image.algorithm.kind == "flow_grpo"  # type: ignore[union-attr]
+
+
+def test_nft_step_samples_images_with_the_old_policy_and_text_live(tmp_path: Path) -> None:
+    """DiffusionNFT on the image track: the image engine samples inside the backend's EMA (the old
+    policy), the text engine with the live weights; one step trains both tracks."""
+    t = trainer(tmp_path)
+    train = t.begin_phase("rl", starting=True)
+    samples, _ = t.collect(t.cfg.rl, t.data.train_records(), 0)
+    m = train([s.part("image") for s in samples])
+    assert m["ar/ratio_max"] == pytest.approx(1.0, abs=1e-6) and math.isfinite(m["image/loss"])
+    assert t.engine.engines["image"].sampling_context == t.backend.ema_weights
+    assert t.engine.engines["ar"].sampling_context is None
 

@@ -84,10 +84,14 @@ class UnifiedTrainer(Trainer):
             default_params=params,
             record_old_means=image_alg is not None and image_alg.kind == "flow_dppo",
         )
+        # DiffusionNFT: the image track samples with its old policy (the backend's EMA); the text
+        # track always samples with the live weights
+        self.nft = image_alg is not None and image_alg.kind == "diffusion_nft"
+        old_policy = self.backend.ema_weights if self.nft else None
         self.engine = ComposedEngine(
             [
                 (AR, TrainsideEngine(self.text_pipeline, weight_version=version)),
-                (IMAGE, TrainsideEngine(self.pipeline, weight_version=version)),
+                (IMAGE, TrainsideEngine(self.pipeline, weight_version=version, sampling_context=old_policy)),
             ]
         )
         noise = params.noise.model_copy(update={"scope": "sample"})
@@ -149,6 +153,8 @@ class UnifiedTrainer(Trainer):
         phase = self.cfg.rl
         if starting and phase.reset_optimizer:
             self.backend.reset_optimizer()
+        if starting and self.nft:
+            self.backend.restart_ema()  # NFT's old policy starts at the SFT result
         if phase.lr is not None:
             set_base_lr(self.backend, phase.lr)
         tracks = [
@@ -156,6 +162,9 @@ class UnifiedTrainer(Trainer):
             for n, t, pipe in ((AR, phase.ar, self.text_pipeline), (IMAGE, phase.image, self.pipeline))
             if t is not None
         ]
+        for t in tracks:
+            if hasattr(t.algorithm, "set_old_policy"):  # DiffusionNFT: the EMA is its old policy
+                t.algorithm.set_old_policy(self.backend.ema_weights)
         stack = UnifiedModelTrainStack(self.backend, tracks, phase.geometry)
         return lambda parts: self.train_step(stack, parts)
 

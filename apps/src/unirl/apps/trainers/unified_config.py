@@ -18,8 +18,16 @@ from unirl.apps.asynchronous.config import AsyncConfig
 from unirl.apps.trainers.phases import STRICT, RunSettings, SFTPhaseBase
 from unirl.apps.worlds.shapes_paraphrase import ShapesParaphraseDataConfig
 from unirl.reward.config import ServiceConfig
-from unirl.train.algorithms import DRPOConfig, FlowDPPOConfig, FlowGRPOConfig, FlowSFTConfig, GRPOConfig
-from unirl.train.algorithms import GSPOConfig, TokenSFTConfig
+from unirl.train.algorithms import (
+    DiffusionNFTConfig,
+    DRPOConfig,
+    FlowDPPOConfig,
+    FlowGRPOConfig,
+    FlowSFTConfig,
+    GRPOConfig,
+    GSPOConfig,
+    TokenSFTConfig,
+)
 from unirl.train.algorithms.flow_grpo import DanceGRPOConfig, MixGRPOConfig
 from unirl.train.backends.config import BackendConfig
 from unirl.train.geometry import BatchGeometry
@@ -27,7 +35,8 @@ from unirl.types import AdvantageConfig, ARSamplingParams, DiffusionSamplingPara
 
 ARAlgorithm = Annotated[GRPOConfig | GSPOConfig | DRPOConfig, Field(discriminator="kind")]
 ImageAlgorithm = Annotated[
-    FlowGRPOConfig | DanceGRPOConfig | MixGRPOConfig | FlowDPPOConfig, Field(discriminator="kind")
+    FlowGRPOConfig | DanceGRPOConfig | MixGRPOConfig | FlowDPPOConfig | DiffusionNFTConfig,
+    Field(discriminator="kind"),
 ]
 
 
@@ -142,4 +151,19 @@ class Recipe(RunSettings):
             raise ValueError("sft.stop is not supported by the unified trainer yet; give sft.steps")
         if self.checkpoint_format != "full":
             raise ValueError("checkpoint_format='sharded' is not supported by the unified trainer yet")
+        alg = self.rl.image.algorithm if self.rl is not None and self.rl.image is not None else None
+        if isinstance(alg, DiffusionNFTConfig):
+            # NFT's old policy is the backend's EMA: the image track samples (ODE) with it, the text
+            # track with the live weights (its GRPO ratio stays on-policy)
+            want, ema = alg.ema_config(), self.backend.ema
+            if ema is None or (ema.decay, ema.ramp) != (want["decay"], want["ramp"]):
+                raise ValueError(
+                    f"rl.image.algorithm.kind=diffusion_nft uses the backend's EMA as its old policy: set "
+                    f"backend.ema={{decay: {want['decay']}, ramp: {want['ramp']}}}"
+                )
+            if self.image_sampling.sde_strategy != "ode" or self.image_sampling.eta != 0.0:
+                raise ValueError(
+                    "rl.image.algorithm.kind=diffusion_nft learns from ODE samples: set "
+                    "image_sampling.sde_strategy=ode and image_sampling.eta=0"
+                )
         return self
