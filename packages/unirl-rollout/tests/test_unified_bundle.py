@@ -19,7 +19,9 @@ WORDS = ["a", "two", "red", "blue", "circle", "squares", "draw", "rd", "sq"]
 
 def tiny(seed: int = 0) -> TinyUnifiedBundle:
     b = TinyUnifiedBundle.tiny(WORDS, seed=seed, image_size=16, hidden_size=32, num_layers=2, max_text_len=12)
-    with torch.no_grad():  # the output conv starts at zero; open it so the image head's output is not constant
+    with (
+        torch.no_grad()
+    ):  # the output conv starts at zero; open it so the image head's output is not constant
         b.model.conv_out.weight.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(seed + 1))
     return b
 
@@ -34,7 +36,11 @@ def test_save_load_round_trip_is_bit_exact(tmp_path) -> None:
     b = tiny()
     assert isinstance(b, UnifiedBundle)
     b.save_pretrained(tmp_path / "ckpt")
-    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {"config.json", "model.safetensors", "vocab.json"}
+    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {
+        "config.json",
+        "model.safetensors",
+        "vocab.json",
+    }
     c = TinyUnifiedBundle.from_pretrained(tmp_path / "ckpt")
     assert c.model.config == b.model.config and c.vocab.words == b.vocab.words
     sa, sb = b.model.state_dict(), c.model.state_dict()
@@ -42,7 +48,10 @@ def test_save_load_round_trip_is_bit_exact(tmp_path) -> None:
     ctx = context(b, "draw two rd sq", "two red squares")
     x, sigma = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(0)), torch.tensor([0.6])
     assert torch.equal(b.predict_velocity(x, sigma, ctx), c.predict_velocity(x, sigma, ctx))
-    assert torch.equal(b.text_logits(ctx["context_ids"], ctx["context_mask"]), c.text_logits(ctx["context_ids"], ctx["context_mask"]))
+    assert torch.equal(
+        b.text_logits(ctx["context_ids"], ctx["context_mask"]),
+        c.text_logits(ctx["context_ids"], ctx["context_mask"]),
+    )
     (tmp_path / "bad").mkdir()
     with pytest.raises(FileNotFoundError, match="needs config.json and model.safetensors"):
         TinyUnifiedBundle.from_pretrained(tmp_path / "bad")
@@ -86,11 +95,16 @@ def test_think_then_draw_replays_both_tracks_exactly() -> None:
     b = tiny()
     text = UnifiedTextPipeline(b, default_params=ARSamplingParams(max_new_tokens=4, temperature=1.0))
     image = UnifiedImagePipeline(
-        b, default_params=DiffusionSamplingParams(num_steps=3, guidance_scale=1.0, height=16, width=16, shift=1.0)
+        b,
+        default_params=DiffusionSamplingParams(
+            num_steps=3, guidance_scale=1.0, height=16, width=16, shift=1.0
+        ),
     )
     engine = ComposedEngine([("ar", TrainsideEngine(text)), ("image", TrainsideEngine(image))])
     prompts = ["draw two rd sq", "a blue circle", "rd sq", "two blue squares"]
-    samples = [Sample(id=f"s{i}", group_id=f"g{i}", inputs=[TextPrimitive(text=p)]) for i, p in enumerate(prompts)]
+    samples = [
+        Sample(id=f"s{i}", group_id=f"g{i}", inputs=[TextPrimitive(text=p)]) for i, p in enumerate(prompts)
+    ]
     samples = engine.generate(samples, rollout_step=3)
     ars = [s.part("ar") for s in samples]
     assert all(p.segment.response_ids for p in ars)  # type: ignore[union-attr]
@@ -149,9 +163,14 @@ def test_janus_checkpoint_layout_loads_and_thinks_through_the_text_track(tmp_pat
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     ids = torch.tensor([b.encode_prompt("two red squares") + [b.pad_token_id] * 4])
     mask = torch.arange(ids.shape[1])[None] < ids.shape[1] - 4
-    assert torch.equal(b.text_logits(ids, mask), model(input_ids=ids, attention_mask=mask.long()).logits.float())
+    assert torch.equal(
+        b.text_logits(ids, mask), model(input_ids=ids, attention_mask=mask.long()).logits.float()
+    )
     text = UnifiedTextPipeline(b, default_params=ARSamplingParams(max_new_tokens=5, temperature=1.0))
-    samples = [Sample(id=f"s{i}", group_id="g", inputs=[TextPrimitive(text=p)]) for i, p in enumerate(["rd sq", "a dot"])]
+    samples = [
+        Sample(id=f"s{i}", group_id="g", inputs=[TextPrimitive(text=p)])
+        for i, p in enumerate(["rd sq", "a dot"])
+    ]
     parts = [s.part("ar") for s in text.generate(samples, rollout_step=0)]
     rep = text.replay_logprobs(parts)
     for i, p in enumerate(parts):

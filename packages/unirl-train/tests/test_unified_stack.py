@@ -68,7 +68,9 @@ class TokenLinear:
     def prepare(self, parts: Sequence[Part], pipeline: Any) -> None:
         pass
 
-    def loss(self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(
+        self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         s = sum(float(p.advantage) * len(p.segment.response_ids) for p in parts)  # type: ignore[union-attr, arg-type]
         return s * self.module.theta[0] / totals.num_tokens, {}
 
@@ -84,7 +86,9 @@ class StepSquare:
     def prepare(self, parts: Sequence[Part], pipeline: Any) -> None:
         pass
 
-    def loss(self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(
+        self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         s = sum(float(p.advantage) * len(p.segment.sde_indices) for p in parts)  # type: ignore[union-attr, arg-type]
         return s * self.module.theta[1] ** 2 / totals.num_steps, {}
 
@@ -98,7 +102,9 @@ def toy_parts() -> list[Part]:
     image = [
         Part(
             name="image",
-            segment=LatentTrajectory(latents=lat, positions=[0, 1, 2], sigmas=[1.0, 0.5, 0.0], sde_indices=idx),
+            segment=LatentTrajectory(
+                latents=lat, positions=[0, 1, 2], sigmas=[1.0, 0.5, 0.0], sde_indices=idx
+            ),
             advantage=a,
         )
         for idx, a in (([0, 1], 2.0), ([0], 1.0))
@@ -163,11 +169,17 @@ def rollout(bundle: TinyUnifiedBundle) -> list[Sample]:
     return samples
 
 
-def unified_run(tracks: list[str], weights: dict[str, float]) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+def unified_run(
+    tracks: list[str], weights: dict[str, float]
+) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """One step of a fresh tiny unified model (seed 0) on the tracks named, its gradient recorded."""
     torch.manual_seed(0)
-    bundle = TinyUnifiedBundle.tiny(WORDS, seed=0, image_size=16, hidden_size=32, num_layers=2, max_text_len=12)
-    with torch.no_grad():  # the image head's output conv starts at zero: open it so the image loss reaches the backbone
+    bundle = TinyUnifiedBundle.tiny(
+        WORDS, seed=0, image_size=16, hidden_size=32, num_layers=2, max_text_len=12
+    )
+    with (
+        torch.no_grad()
+    ):  # the image head's output conv starts at zero: open it so the image loss reaches the backbone
         bundle.model.conv_out.weight.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(1))
     backend = FSDPConfig(optimizer=AdamWConfig(lr=1e-3), grad_clip=None).build(bundle.model, "cpu")
     grads = spy_grads(backend)
@@ -179,7 +191,9 @@ def unified_run(tracks: list[str], weights: dict[str, float]) -> tuple[dict[str,
         (n,) = tracks
         stack: Any = TrainStack(backend, algs[n], pipes[n], geometry)
     else:
-        stack = UnifiedModelTrainStack(backend, [Track(n, algs[n], pipes[n], weights[n]) for n in tracks], geometry)
+        stack = UnifiedModelTrainStack(
+            backend, [Track(n, algs[n], pipes[n], weights[n]) for n in tracks], geometry
+        )
     m = stack.train_on([s.part(n) for n in tracks for s in samples])
     return m, grads[0]
 

@@ -55,7 +55,9 @@ def world_words(data: Any) -> list[str]:
     return sorted({w for r in recs for w in f"{r.prompt} {r.answer or ''}".lower().split()})
 
 
-def build_bundle(cfg: TinyUnifiedModelConfig, words: list[str], image_size: int, seed: int) -> TinyUnifiedBundle:
+def build_bundle(
+    cfg: TinyUnifiedModelConfig, words: list[str], image_size: int, seed: int
+) -> TinyUnifiedBundle:
     if cfg.path is not None:
         return TinyUnifiedBundle.from_pretrained(cfg.path)
     sizes = cfg.model_dump(exclude={"kind", "path"})
@@ -72,7 +74,9 @@ class UnifiedTrainer(Trainer):
         self.bundle.to(self.device)
         self.backend = recipe.backend.build(self.bundle.model, device=self.device)
         version = lambda: self.backend.global_step  # noqa: E731
-        image_alg = recipe.rl.image.algorithm if recipe.rl is not None and recipe.rl.image is not None else None
+        image_alg = (
+            recipe.rl.image.algorithm if recipe.rl is not None and recipe.rl.image is not None else None
+        )
         overrides = getattr(image_alg, "sampling_overrides", None)
         params = recipe.image_sampling
         params = params.model_copy(update=overrides()) if callable(overrides) else params
@@ -99,7 +103,12 @@ class UnifiedTrainer(Trainer):
         self.eval_engine = ComposedEngine(
             [
                 (AR, TrainsideEngine(self.text_pipeline, weight_version=version)),
-                (IMAGE, TrainsideEngine(UnifiedImagePipeline(self.bundle, default_params=ode), weight_version=version)),
+                (
+                    IMAGE,
+                    TrainsideEngine(
+                        UnifiedImagePipeline(self.bundle, default_params=ode), weight_version=version
+                    ),
+                ),
             ]
         )
         self.reward = OriginalPromptReward(RewardService.local(recipe.reward))
@@ -121,7 +130,12 @@ class UnifiedTrainer(Trainer):
             ids, plan = b.encode_prompt(prompt), [*b.encode_plan(caption), b.eos_token_id]
             seg = TextSegment(prompt_ids=ids, response_ids=plan)
             text.append(
-                Part(name=AR, segment=seg, sampling_params=self.cfg.ar_sampling, outputs=[TextPrimitive(text=caption)])
+                Part(
+                    name=AR,
+                    segment=seg,
+                    sampling_params=self.cfg.ar_sampling,
+                    outputs=[TextPrimitive(text=caption)],
+                )
             )
             image.append(
                 Part.model_construct(
@@ -142,7 +156,9 @@ class UnifiedTrainer(Trainer):
             phase = self.cfg.sft
             if phase.lr is not None:
                 set_base_lr(self.backend, phase.lr)
-            geometry = BatchGeometry(micro_batch_size=min(phase.micro_batch_size or phase.batch_size, phase.batch_size))
+            geometry = BatchGeometry(
+                micro_batch_size=min(phase.micro_batch_size or phase.batch_size, phase.batch_size)
+            )
             tracks = [
                 Track(AR, phase.ar.build(), self.text_pipeline, phase.ar_weight),
                 Track(IMAGE, phase.image.build(), self.pipeline, phase.image_weight),
@@ -177,7 +193,11 @@ class UnifiedTrainer(Trainer):
             raise ValueError("the unified trainer samples with its own engine (no async rollout copy)")
         records = draw(train, phase.prompts_per_step, seed=self.cfg.seed, step=step)
         samples = make_samples(
-            records, step=step, samples_per_prompt=phase.samples_per_prompt, split="train", dataset=self.data.name
+            records,
+            step=step,
+            samples_per_prompt=phase.samples_per_prompt,
+            split="train",
+            dataset=self.data.name,
         )
         samples = self.rollout(samples, step)
         self.reward.score_samples(samples, IMAGE)
@@ -197,8 +217,14 @@ class UnifiedTrainer(Trainer):
     def train_step(self, stack: UnifiedModelTrainStack, parts: list[Part]) -> dict[str, float]:
         """Both tracks of the last collect()'s samples (``parts``: the loop's view, its image Parts)."""
         batch, self.batch = self.batch, None
-        if batch is None or len(parts) != len(batch) or any(p is not s.part(IMAGE) for p, s in zip(parts, batch)):
-            raise RuntimeError("UnifiedTrainer.train_step got parts that are not the images of the last collect()")
+        if (
+            batch is None
+            or len(parts) != len(batch)
+            or any(p is not s.part(IMAGE) for p, s in zip(parts, batch))
+        ):
+            raise RuntimeError(
+                "UnifiedTrainer.train_step got parts that are not the images of the last collect()"
+            )
         names = {t.name for t in stack.tracks}
         return stack.train_on([s.part(n) for n in (AR, IMAGE) if n in names for s in batch])
 
@@ -231,5 +257,10 @@ def credit_text_part(samples: list[Sample]) -> None:
 
 def run(recipe: Recipe, run_dir: Path, *, mode: str = "train", recipe_name: str = "") -> int:
     return run_trainer(
-        UnifiedTrainer, recipe, run_dir, mode=mode, recipe_name=recipe_name, title=f"unirl unified-model run: {recipe_name}"
+        UnifiedTrainer,
+        recipe,
+        run_dir,
+        mode=mode,
+        recipe_name=recipe_name,
+        title=f"unirl unified-model run: {recipe_name}",
     )

@@ -90,7 +90,9 @@ class UnifiedRLPhase(BaseModel):
     prompts_per_step: int = Field(ge=1)
     samples_per_prompt: int = Field(ge=1, description="group size of both tracks' advantages")
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
-    geometry: BatchGeometry = Field(description="over Samples: each mini-batch holds both Parts of its Samples")
+    geometry: BatchGeometry = Field(
+        description="over Samples: each mini-batch holds both Parts of its Samples"
+    )
     lr: float | None = Field(default=None, gt=0, description="overrides backend.optimizer.lr in RL")
     reset_optimizer: bool = Field(default=False, description="fresh optimizer state when RL starts")
     ar: ARTrack | None = Field(description="the text track's loss (null: the plan is sampled, not trained)")
@@ -115,7 +117,9 @@ class UnifiedRLPhase(BaseModel):
             raise ValueError("rl.steps > 0 but neither rl.ar nor rl.image is set: nothing would train")
         for name, track in (("ar", self.ar), ("image", self.image)):
             if track is not None and getattr(track.algorithm, "kl_coef", 0.0):
-                raise ValueError(f"rl.{name}.algorithm.kl_coef: the unified trainer has no reference policy yet")
+                raise ValueError(
+                    f"rl.{name}.algorithm.kl_coef: the unified trainer has no reference policy yet"
+                )
         return self
 
 
@@ -138,7 +142,9 @@ class Recipe(RunSettings):
     @model_validator(mode="after")
     def _unified(self) -> Recipe:
         if self.layout.kind != "single":
-            raise ValueError(f"layout.kind={self.layout.kind!r}: the unified trainer runs in one process for now")
+            raise ValueError(
+                f"layout.kind={self.layout.kind!r}: the unified trainer runs in one process for now"
+            )
         res = self.data.resolution
         if (self.image_sampling.height, self.image_sampling.width) != (res, res):
             raise ValueError(

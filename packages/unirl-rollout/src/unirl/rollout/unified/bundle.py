@@ -154,7 +154,9 @@ class TinyUnifiedBundle:
         return d
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, *, device: str | torch.device = "cpu") -> TinyUnifiedBundle:
+    def from_pretrained(
+        cls, directory: str | Path, *, device: str | torch.device = "cpu"
+    ) -> TinyUnifiedBundle:
         d = Path(directory)
         return cls(TinyUnifiedModel.from_pretrained(d, device=device), WordVocab.load(d / VOCAB_FILE))
 

@@ -37,7 +37,9 @@ from unirl.types import (
 __all__ = ["ImageHeadView", "UnifiedImagePipeline", "UnifiedTextPipeline", "pad_text"]
 
 
-def pad_text(rows: Sequence[Sequence[int]], width: int, pad: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def pad_text(
+    rows: Sequence[Sequence[int]], width: int, pad: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
     """Right-padded ``(ids [B, width] long, mask [B, width] bool)``."""
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.bool)
@@ -73,14 +75,18 @@ class UnifiedTextPipeline:
             self._generate_batch(members, rollout_step)
         return samples
 
-    def _generate_batch(self, members: list[tuple[Sample, Part, ARSamplingParams]], rollout_step: int) -> None:
+    def _generate_batch(
+        self, members: list[tuple[Sample, Part, ARSamplingParams]], rollout_step: int
+    ) -> None:
         b, params = self.bundle, members[0][2]
         W, dev = b.max_text_len, b.device
         prompts = [b.encode_prompt(s.prompt) for s, _, _ in members]
         steps = min(params.max_new_tokens, W - max(len(p) for p in prompts))
         if steps < 1:
             raise ValueError(f"prompts of up to {max(len(p) for p in prompts)} tokens leave no room in {W}")
-        u_BS = draw_uniforms([derive_seed(params.seed, rollout_step, s.id) for s, _, _ in members], steps, dev)
+        u_BS = draw_uniforms(
+            [derive_seed(params.seed, rollout_step, s.id) for s, _, _ in members], steps, dev
+        )
         resp: list[list[int]] = [[] for _ in members]
         logps: list[list[float]] = [[] for _ in members]
         done = [False] * len(members)
@@ -92,7 +98,11 @@ class UnifiedTextPipeline:
             last = torch.tensor([len(prompts[i]) + len(resp[i]) - 1 for i in live], device=dev)
             logits_BV = b.text_logits(ids, mask)[torch.arange(len(live), device=dev), last]
             tok, lp = sample_next_token(
-                logits_BV, u_BS[live, t], temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
+                logits_BV,
+                u_BS[live, t],
+                temperature=params.temperature,
+                top_k=params.top_k,
+                top_p=params.top_p,
             )
             for j, i in enumerate(live):
                 resp[i].append(int(tok[j]))
@@ -119,7 +129,9 @@ class UnifiedTextPipeline:
                 raise TypeError(f"part {p.name!r} needs a TextSegment and ARSamplingParams to replay")
             segs.append(p.segment)
         dev = b.device
-        ids, mask = pad_text([s.prompt_ids + s.response_ids for s in segs], b.max_text_len, b.pad_token_id, dev)
+        ids, mask = pad_text(
+            [s.prompt_ids + s.response_ids for s in segs], b.max_text_len, b.pad_token_id, dev
+        )
         T = max(len(s.response_ids) for s in segs)
         logits = b.text_logits(ids, mask)
         rows, cols, out_mask = [], [], torch.zeros((len(segs), T), dtype=torch.bool, device=dev)
@@ -165,7 +177,9 @@ class ImageHeadView:
         return self.unified.image_seq_len(height, width)
 
     def encode_prompts(self, texts: Sequence[str]) -> list[Conditions]:
-        raise TypeError("the unified image head is conditioned on the text Part's tokens, not on re-encoded text")
+        raise TypeError(
+            "the unified image head is conditioned on the text Part's tokens, not on re-encoded text"
+        )
 
     def predict_velocity(self, latents: Tensor, sigma: Tensor, conditions: dict[str, Tensor]) -> Tensor:
         return self.unified.predict_velocity(latents, sigma, conditions)

@@ -51,7 +51,9 @@ class TinyUnifiedConfig:
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}")
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}"
+            )
         if self.image_size % 4:
             raise ValueError(f"image_size={self.image_size} must be a multiple of 4 (two 2x downsamplings)")
         if any(c % 8 for c in self.conv_channels):
@@ -109,7 +111,9 @@ class TinyUnifiedModel(nn.Module):
         self.config = c = config
         D, (c1, c2) = c.hidden_size, c.conv_channels
         self.tok = nn.Embedding(c.vocab_size, D)
-        nn.init.normal_(self.tok.weight, std=0.02)  # tied to the text head: N(0, 1) rows give logits of std ~sqrt(D)
+        nn.init.normal_(
+            self.tok.weight, std=0.02
+        )  # tied to the text head: N(0, 1) rows give logits of std ~sqrt(D)
         self.text_pos = nn.Parameter(torch.randn(1, c.max_text_len, D) * 0.02)
         self.image_pos = nn.Parameter(torch.randn(1, c.image_tokens, D) * 0.02)
         self.blocks = nn.ModuleList(Block(D, c.num_heads, c.mlp_ratio) for _ in range(c.num_layers))
@@ -133,7 +137,7 @@ class TinyUnifiedModel(nn.Module):
     # ---- the backbone -------------------------------------------------------------------------
     def _text_embed(self, ids_BL: Tensor) -> Tensor:
         L = ids_BL.shape[1]
-        if L > self.config.max_text_len:
+        if self.config.max_text_len < L:
             raise ValueError(f"{L} text tokens; the model has max_text_len={self.config.max_text_len}")
         return self.tok(ids_BL) + self.text_pos[:, :L]
 
@@ -143,7 +147,11 @@ class TinyUnifiedModel(nn.Module):
         return self.norm(h_BND)
 
     def forward(
-        self, ids_BL: Tensor, mask_BL: Tensor, latents_BCHW: Tensor | None = None, sigma_B: Tensor | None = None
+        self,
+        ids_BL: Tensor,
+        mask_BL: Tensor,
+        latents_BCHW: Tensor | None = None,
+        sigma_B: Tensor | None = None,
     ) -> Tensor:
         """Text only: next-token logits ``[B, L, V]``; with an image block: its velocity. Both heads
         run through ``forward`` so wrappers that hook it (FSDP2 unsharding, LoRA) see every call."""
@@ -189,7 +197,9 @@ class TinyUnifiedModel(nn.Module):
         return d
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, *, device: str | torch.device = "cpu") -> TinyUnifiedModel:
+    def from_pretrained(
+        cls, directory: str | Path, *, device: str | torch.device = "cpu"
+    ) -> TinyUnifiedModel:
         """Rebuild from ``config.json`` and load ``model.safetensors`` strictly."""
         d = Path(directory)
         if not (d / CONFIG_FILE).is_file() or not (d / WEIGHTS_FILE).is_file():
@@ -200,7 +210,9 @@ class TinyUnifiedModel(nn.Module):
         raw = json.loads((d / CONFIG_FILE).read_text())
         raw["conv_channels"] = tuple(raw["conv_channels"])
         if raw.get("model_type") != "unirl_tiny_unified":
-            raise ValueError(f"{d / CONFIG_FILE}: model_type={raw.get('model_type')!r}, expected 'unirl_tiny_unified'")
+            raise ValueError(
+                f"{d / CONFIG_FILE}: model_type={raw.get('model_type')!r}, expected 'unirl_tiny_unified'"
+            )
         model = cls(TinyUnifiedConfig(**raw))
         model.load_state_dict(load_file(d / WEIGHTS_FILE), strict=True)
         return model.to(device)
