@@ -111,20 +111,23 @@ class ShapesVQASource:
 
     def __init__(self, cfg: ShapesVQAConfig) -> None:
         self.cfg = cfg
-        held = [make_example(cfg, np.random.default_rng([cfg.seed, 1, i])) for i in range(cfg.num_eval)]
-        self._held_keys = {e.key for e in held}
-        self._held = held
+        self._held_keys: set[tuple[object, ...]] = set()
+        self._held = self._fresh(cfg.num_eval, [cfg.seed, 1], distinct=True)
+        self._held_keys = {e.key for e in self._held}
         self._train = self._fresh(cfg.num_train, [cfg.seed, 0])
 
-    def _fresh(self, n: int, seed: list[int]) -> list[VQAExample]:
-        """``n`` examples from ``seed``, none equal to a held-out one."""
+    def _fresh(self, n: int, seed: list[int], *, distinct: bool = False) -> list[VQAExample]:
+        """``n`` examples from ``seed``, none equal to a held-out one (``distinct``: nor to each other)."""
         out: list[VQAExample] = []
+        seen: set[tuple[object, ...]] = set()
         i = 0
         while len(out) < n:
             e = make_example(self.cfg, np.random.default_rng([*seed, i]))
             i += 1
-            if e.key not in self._held_keys:
-                out.append(e)
+            if e.key in self._held_keys or (distinct and e.key in seen):
+                continue
+            seen.add(e.key)
+            out.append(e)
         return out
 
     @staticmethod
