@@ -154,3 +154,15 @@ def test_bad_list_element_override_names_the_field(tmp_path, capsys):
         load_dict("arithmetic_grpo", ["reward.scorers.3.weight=2"])
     with pytest.raises(RecipeError, match=r"data.levels.x: data.levels is a list of 4"):
         load_dict("arithmetic_grpo", ["data.levels.x=2"])
+
+
+def test_vlm_recipe_is_listed_and_its_model_kind_validates(capsys):
+    """shapes_vqa_grpo ships (``unirl recipes`` lists it); ``model.kind: vlm`` needs a source."""
+    assert cli.main(["recipes"]) == 0
+    assert "shapes_vqa_grpo\n    SFT a tiny Qwen2.5-VL" in capsys.readouterr().out
+    recipe = validate(trainer_module("ar").Recipe, load_dict("shapes_vqa_grpo"))
+    assert recipe.model.kind == "vlm" and recipe.data.kind == "shapes_vqa"
+    with pytest.raises(RecipeError, match=r"needs model.path \(a checkpoint\) or model.tiny"):
+        validate(trainer_module("ar").Recipe, load_dict("shapes_vqa_grpo", ["model.tiny=null"]))
+    with pytest.raises(RecipeError, match="patch_size"):
+        validate(trainer_module("ar").Recipe, load_dict("shapes_vqa_grpo", ["model.tiny.patch_size=5"]))
