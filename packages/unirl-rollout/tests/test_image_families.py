@@ -180,3 +180,14 @@ def test_loading_errors_name_the_problem_and_the_fix(name: str, saved, tmp_path:
         ValueError, match=r"missing the 'text_encoder' component.*folder text_encoder/ absent"
     ):
         cls.from_pretrained(str(broken))
+
+
+def test_sd3_and_flux_loaders_check_the_folder_too(saved) -> None:  # type: ignore[no-untyped-def]
+    from unirl.rollout.models.sd3 import SD3Bundle
+
+    with pytest.raises(FileNotFoundError, match="does not exist; fix:"):
+        FluxBundle.from_pretrained("./no/such/flux")
+    with pytest.raises(ValueError, match=r"is a QwenImagePipeline checkpoint.*model.kind='qwen_image'"):
+        SD3Bundle.from_pretrained(str(saved["qwen_image"]))
+    with pytest.raises(ValueError, match=r"is a ZImagePipeline checkpoint.*model.kind='z_image'"):
+        FluxBundle.from_pretrained(str(saved["z_image"]))

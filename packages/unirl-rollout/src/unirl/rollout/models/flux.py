@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
 from unirl.rollout.models.base import freeze, to_uint8_images
+from unirl.rollout.models.loading import check_diffusers_dir
 from unirl.rollout.models.tokenizers import tiny_word_tokenizer
 from unirl.rollout.schedules import DynamicShiftSchedule
 from unirl.types import Conditions
@@ -60,6 +61,11 @@ class FluxBundle:
         **kwargs: Any,
     ) -> FluxBundle:
         """Load from a local diffusers folder or a hub id (e.g. ``black-forest-labs/FLUX.1-dev``)."""
+        check_diffusers_dir(
+            path,
+            ["FluxPipeline"],
+            ("transformer", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "scheduler"),
+        )
         pipe = FluxPipeline.from_pretrained(path, torch_dtype=dtype, **kwargs)
         pipe.to(device)
         return cls(pipe, max_sequence_length=max_sequence_length, device=device)

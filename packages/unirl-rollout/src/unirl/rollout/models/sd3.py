@@ -24,6 +24,7 @@ from unirl.rollout.models.base import (
     text_conditions,
     to_uint8_images,
 )
+from unirl.rollout.models.loading import check_diffusers_dir
 from unirl.rollout.models.tokenizers import tiny_word_tokenizer
 from unirl.rollout.schedules import DynamicShiftSchedule
 from unirl.types import Conditions
@@ -73,6 +74,11 @@ class SD3Bundle:
         **kwargs: Any,
     ) -> SD3Bundle:
         """Load from a local diffusers folder or a hub id (e.g. ``stabilityai/stable-diffusion-3.5-medium``)."""
+        check_diffusers_dir(
+            path,
+            ["StableDiffusion3Pipeline"],
+            ("transformer", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "scheduler"),
+        )
         pipe = StableDiffusion3Pipeline.from_pretrained(path, torch_dtype=dtype, **kwargs)
         pipe.to(device)
         return cls(pipe, max_sequence_length=max_sequence_length, device=device)
