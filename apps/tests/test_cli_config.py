@@ -60,7 +60,8 @@ def test_base_recipe_is_merged_under_the_file(tmp_path):
     assert (cfg.name, cfg.train.micro_batch_size) == ("c", 5)
     nft = load_dict("shapes_nft")
     flow = load_dict("shapes_flowgrpo")
-    assert nft["model"] == flow["model"] and nft["sft"] == flow["sft"]
+    assert nft["model"] == flow["model"] and nft["sft"] == {**flow["sft"], "steps": 1600}
+    assert nft["data"] == {**flow["data"], "sft_caption_noise": 0.3}  # merged node by node
     assert nft["rl"]["algorithm"] == {"kind": "diffusion_nft", "timesteps_per_sample": 2}
     assert nft["sampling"]["sde_strategy"] == "ode" and "base" not in nft
     (tmp_path / "parent.yaml").write_text("base: child.yaml\ntrainer: toy\n")

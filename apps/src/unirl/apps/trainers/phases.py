@@ -146,7 +146,8 @@ class RunSettings(BaseModel):
                 "rl.lifecycle='async' with layout.sync='broadcast': a broadcast needs sender and receivers "
                 "at once, so the trainer would wait for the rollout in progress; use sync='buckets' or 'shm'"
             )
-        if rl is not None and rl.buffer.partial_rollouts:
+        buffer = getattr(rl, "buffer", None)  # a trainer's own RL phase (PE) may have no async buffer
+        if rl is not None and buffer is not None and buffer.partial_rollouts:
             _check_partial(rl, self.layout.kind, getattr(self, "trainer", None))
         tp = getattr(getattr(self, "backend", None), "tensor_model_parallel_size", 1)
         if tp > 1 and self.layout.kind == "ray":
