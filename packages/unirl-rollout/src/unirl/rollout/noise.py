@@ -76,9 +76,7 @@ class FrameNoise:
             raise ValueError(f"frame_axis={frame_axis} is not an axis of shape {list(shape)}")
         self.shape, self.frame_axis = shape, frame_axis
         self._frame_shape = shape[:frame_axis] + shape[frame_axis + 1 :]
-        self._gens = [
-            noise_generator(seed, key, frame_stream(stream, f)) for f in range(shape[frame_axis])
-        ]
+        self._gens = [noise_generator(seed, key, frame_stream(stream, f)) for f in range(shape[frame_axis])]
 
     def draw(self) -> Tensor:
         """One fp32 CPU tensor of ``shape``."""
