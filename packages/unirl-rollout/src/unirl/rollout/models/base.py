@@ -8,7 +8,7 @@ the bundle to encode prompts once, predict a velocity, and decode latents.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -17,6 +17,7 @@ from unirl.types import Conditions, to_torch
 
 __all__ = [
     "NEGATIVE_PREFIX",
+    "DiffusersPipelineBundle",
     "FlowBundle",
     "SigmaPolicy",
     "VideoFlowBundle",
@@ -209,3 +210,36 @@ def to_uint8_images(images: Tensor) -> Tensor:
     """VAE output in [-1, 1], [B, 3, H, W] -> uint8 [B, H, W, 3], as diffusers' VaeImageProcessor does."""
     x = (images.float() / 2 + 0.5).clamp(0, 1)
     return (x * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().cpu()
+
+
+P = TypeVar("P")
+
+
+class DiffusersPipelineBundle(Generic[P]):
+    """The plumbing every bundle over a diffusers pipeline shares: the pipeline, moving it, and the
+    compute device / dtype. A subclass sets ``_pipe``, ``_device`` and ``transformer`` in ``__init__``."""
+
+    _pipe: P
+    _device: torch.device
+    transformer: nn.Module
+
+    @property
+    def pipe(self) -> P:
+        """The underlying diffusers pipeline (for reference runs and component access)."""
+        return self._pipe
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Any:
+        """Move every module to ``device`` (and ``dtype`` if given); returns self."""
+        pipe: Any = self._pipe
+        pipe.to(device) if dtype is None else pipe.to(device, dtype)
+        self._device = torch.device(device)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the transformer computes in."""
+        return next(self.transformer.parameters()).dtype

@@ -16,7 +16,7 @@ from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeli
 from torch import Tensor, nn
 from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-from unirl.rollout.models.base import freeze, to_uint8_images
+from unirl.rollout.models.base import DiffusersPipelineBundle, freeze, to_uint8_images
 from unirl.rollout.models.loading import check_diffusers_dir
 from unirl.rollout.models.tokenizers import tiny_word_tokenizer
 from unirl.rollout.schedules import DynamicShiftSchedule
@@ -25,7 +25,7 @@ from unirl.types import Conditions
 __all__ = ["FluxBundle"]
 
 
-class FluxBundle:
+class FluxBundle(DiffusersPipelineBundle[FluxPipeline]):
     """FLUX.1 model bundle (implements ``FlowBundle``). Conditions: ``prompt_embeds`` [L, D],
     ``pooled_prompt_embeds`` [P]; the pipeline adds ``guidance`` [B] when ``embedded_guidance``."""
 
@@ -106,27 +106,6 @@ class FluxBundle:
         )  # fmt: skip
         pipe.set_progress_bar_config(disable=True)
         return cls(pipe, max_sequence_length=text_len)
-
-    @property
-    def pipe(self) -> FluxPipeline:
-        return self._pipe
-
-    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> FluxBundle:
-        """Move every module to ``device`` (and ``dtype`` if given); returns self."""
-        if dtype is None:
-            self._pipe.to(device)
-        else:
-            self._pipe.to(device, dtype)
-        self._device = torch.device(device)
-        return self
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.transformer.parameters()).dtype
 
     def frozen_modules(self) -> dict[str, nn.Module]:
         mods = {

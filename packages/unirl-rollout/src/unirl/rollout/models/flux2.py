@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from unirl.rollout.ar.tokenizer import build_char_tokenizer
-from unirl.rollout.models.base import freeze, to_uint8_images
+from unirl.rollout.models.base import DiffusersPipelineBundle, freeze, to_uint8_images
 from unirl.rollout.models.loading import check_diffusers_dir
 from unirl.rollout.models.pipeline_sigmas import PipelineSigmas, empirical_mu
 from unirl.types import Conditions
@@ -44,7 +44,7 @@ TEXT_ENCODER_OUT_LAYERS = (9, 18, 27)
 """The Qwen3 hidden states Flux2KleinPipeline stacks (its default ``text_encoder_out_layers``)."""
 
 
-class Flux2KleinBundle:
+class Flux2KleinBundle(DiffusersPipelineBundle[Flux2KleinPipeline]):
     """FLUX.2 [klein] model bundle (implements ``FlowBundle``). Conditions: ``prompt_embeds`` [L, 3 D]."""
 
     def __init__(
@@ -128,24 +128,6 @@ class Flux2KleinBundle:
         return cls(cls.tiny_pipeline(seed=seed, is_distilled=is_distilled), max_sequence_length=64)
 
     # ---- FlowBundle ---------------------------------------------------------------------------
-    @property
-    def pipe(self) -> Flux2KleinPipeline:
-        return self._pipe
-
-    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Flux2KleinBundle:
-        """Move every module to ``device`` (and ``dtype`` if given); returns self."""
-        self._pipe.to(device) if dtype is None else self._pipe.to(device, dtype)
-        self._device = torch.device(device)
-        return self
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.transformer.parameters()).dtype
-
     def frozen_modules(self) -> dict[str, nn.Module]:
         return {"vae": self.vae, "text_encoder": self._pipe.text_encoder}
 

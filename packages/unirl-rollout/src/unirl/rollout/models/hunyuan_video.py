@@ -32,7 +32,7 @@ from diffusers import (
 from torch import Tensor, nn
 from transformers import CLIPTextConfig, CLIPTextModel, LlamaConfig, LlamaModel
 
-from unirl.rollout.models.base import freeze, from_uint8_videos, to_uint8_videos
+from unirl.rollout.models.base import DiffusersPipelineBundle, freeze, from_uint8_videos, to_uint8_videos
 from unirl.rollout.models.tokenizers import tiny_word_tokenizer
 from unirl.types import Conditions
 
@@ -54,7 +54,7 @@ class HunyuanVideoSigmas:
         return [float(s) for s in sched.sigmas.tolist()]
 
 
-class HunyuanVideoBundle:
+class HunyuanVideoBundle(DiffusersPipelineBundle[HunyuanVideoPipeline]):
     """HunyuanVideo model bundle (module docstring)."""
 
     def __init__(
@@ -142,26 +142,6 @@ class HunyuanVideoBundle:
         return cls(pipe, max_sequence_length=text_len, prompt_template=template)
 
     # ---- VideoFlowBundle ----------------------------------------------------------------------
-    @property
-    def pipe(self) -> HunyuanVideoPipeline:
-        return self._pipe
-
-    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> HunyuanVideoBundle:
-        if dtype is None:
-            self._pipe.to(device)
-        else:
-            self._pipe.to(device, dtype)
-        self._device = torch.device(device)
-        return self
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.transformer.parameters()).dtype
-
     def frozen_modules(self) -> dict[str, nn.Module]:
         p = self._pipe
         return {"vae": p.vae, "text_encoder": p.text_encoder, "text_encoder_2": p.text_encoder_2}

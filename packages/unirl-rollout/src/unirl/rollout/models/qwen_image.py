@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from unirl.rollout.ar.tokenizer import build_char_tokenizer
-from unirl.rollout.models.base import freeze, to_uint8_images
+from unirl.rollout.models.base import DiffusersPipelineBundle, freeze, to_uint8_images
 from unirl.rollout.models.loading import check_diffusers_dir
 from unirl.rollout.models.pipeline_sigmas import PipelineSigmas, calculate_shift_of
 from unirl.types import Conditions
@@ -40,7 +40,7 @@ __all__ = ["QwenImageBundle"]
 COMPONENTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
 
 
-class QwenImageBundle:
+class QwenImageBundle(DiffusersPipelineBundle[QwenImagePipeline]):
     """Qwen-Image model bundle (implements ``FlowBundle``). Conditions: ``prompt_embeds`` [L, D],
     ``prompt_embeds_mask`` [L] (int64 ones; zero where a batch pads)."""
 
@@ -122,24 +122,6 @@ class QwenImageBundle:
         return cls(cls.tiny_pipeline(seed=seed))
 
     # ---- FlowBundle ---------------------------------------------------------------------------
-    @property
-    def pipe(self) -> QwenImagePipeline:
-        return self._pipe
-
-    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> QwenImageBundle:
-        """Move every module to ``device`` (and ``dtype`` if given); returns self."""
-        self._pipe.to(device) if dtype is None else self._pipe.to(device, dtype)
-        self._device = torch.device(device)
-        return self
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.transformer.parameters()).dtype
-
     def frozen_modules(self) -> dict[str, nn.Module]:
         return {"vae": self.vae, "text_encoder": self._pipe.text_encoder}
 

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
 from unirl.rollout.models.base import (
+    DiffusersPipelineBundle,
     freeze,
     from_uint8_images,
     sd3_style_velocity,
@@ -32,7 +33,7 @@ from unirl.types import Conditions
 __all__ = ["SD3Bundle"]
 
 
-class SD3Bundle:
+class SD3Bundle(DiffusersPipelineBundle[StableDiffusion3Pipeline]):
     """SD3 / SD3.5 model bundle (implements ``FlowBundle``).
 
     Conditions keys: ``prompt_embeds`` [L, D] and ``pooled_prompt_embeds`` [P].
@@ -139,28 +140,6 @@ class SD3Bundle:
         return cls(pipe, max_sequence_length=text_len)
 
     # ---- FlowBundle ---------------------------------------------------------------------------
-    @property
-    def pipe(self) -> StableDiffusion3Pipeline:
-        """The underlying diffusers pipeline (for reference runs and component access)."""
-        return self._pipe
-
-    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> SD3Bundle:
-        """Move every module to ``device`` (and ``dtype`` if given); returns self."""
-        if dtype is None:
-            self._pipe.to(device)
-        else:
-            self._pipe.to(device, dtype)
-        self._device = torch.device(device)
-        return self
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.transformer.parameters()).dtype
-
     @property
     def vae_scale_factor(self) -> int:
         return 2 ** (len(self.vae.config.block_out_channels) - 1)

@@ -27,7 +27,7 @@ from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipe
 from torch import Tensor, nn
 from transformers import UMT5Config, UMT5EncoderModel
 
-from unirl.rollout.models.base import freeze, from_uint8_videos, to_uint8_videos
+from unirl.rollout.models.base import DiffusersPipelineBundle, freeze, from_uint8_videos, to_uint8_videos
 from unirl.rollout.models.tokenizers import tiny_word_tokenizer
 from unirl.rollout.schedules import DynamicShiftSchedule
 from unirl.types import Conditions
@@ -62,7 +62,7 @@ class WanExperts(nn.Module):
         return (torch.where(use_high.view(-1, *([1] * (hi.ndim - 1))), hi, lo),)
 
 
-class WanBundle:
+class WanBundle(DiffusersPipelineBundle[WanPipeline]):
     """Wan 2.1 / 2.2 model bundle (module docstring). Conditions: ``prompt_embeds`` [L, D]."""
 
     def __init__(
@@ -154,11 +154,6 @@ class WanBundle:
         return cls(pipe, max_sequence_length=text_len)
 
     # ---- VideoFlowBundle ----------------------------------------------------------------------
-    @property
-    def pipe(self) -> WanPipeline:
-        """The underlying diffusers pipeline (for reference runs and component access)."""
-        return self._pipe
-
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> WanBundle:
         """Move every module to ``device`` (the transformer(s) also to ``dtype``; the VAE keeps its own)."""
         self._pipe.to(device)
@@ -166,14 +161,6 @@ class WanBundle:
             self.transformer.to(dtype)
         self._device = torch.device(device)
         return self
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.transformer.parameters()).dtype
 
     def frozen_modules(self) -> dict[str, nn.Module]:
         return {"vae": self._pipe.vae, "text_encoder": self._pipe.text_encoder}
