@@ -54,6 +54,7 @@ class ShapesSource:
     def __init__(self, world: ShapesWorld, *, sft_caption_noise: float = 0.0) -> None:
         self.world = world
         self.sft_caption_noise = sft_caption_noise
+        self._train_captions = world.captions("train") if sft_caption_noise > 0 else []  # noise draws
 
     def _records(self, split: Literal["train", "held_out"]) -> list[PromptRecord]:
         return [PromptRecord(id=f"{split[0]}{i}", prompt=c) for i, c in enumerate(self.world.captions(split))]
@@ -79,7 +80,7 @@ class ShapesSource:
         captions = [e.caption for e in ex]
         if self.sft_caption_noise > 0:
             rng = np.random.default_rng([seed, step, 0x5F7])
-            pool = self.world.captions("train")
+            pool = self._train_captions
             noisy = rng.random(n) < self.sft_caption_noise
             picks = rng.integers(len(pool), size=n)
             captions = [
