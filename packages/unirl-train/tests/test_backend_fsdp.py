@@ -171,3 +171,53 @@ def test_restart_ema_starts_at_the_weights_and_restarts_the_ramp() -> None:
     b2.load_state_dict(b.state_dict())
     assert b2._ema_start == 3
     torch.testing.assert_close(full(b2.ema.shadow["weight"]), shadow())
+
+
+class _RopeBlock(torch.nn.Module):
+    """A block that, like FLUX.2's, receives fp32 tables from its parent; records the input dtypes
+    of every call (the forward and the recomputation in backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.seen: list[torch.dtype] = []
+
+    def forward(self, h: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        self.seen.append(tables[0].dtype)
+        return self.lin(h * tables[0] + tables[1])
+
+
+class _RopeModel(torch.nn.Module):
+    _no_split_modules = ("_RopeBlock",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = _RopeBlock()
+        self.checkpointing = False
+
+    def enable_gradient_checkpointing(self) -> None:
+        self.checkpointing = True
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        tables = (torch.ones(4), torch.zeros(4))  # fp32, made inside the model
+        if self.checkpointing and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(self.block, h, tables, use_reentrant=False)
+        return self.block(h, tables)
+
+
+def test_checkpointed_blocks_recompute_with_the_inputs_cast_as_in_forward() -> None:
+    """bf16 compute + gradient checkpointing: the recomputation sees the same (bf16) inputs as the
+    forward, so backward does not fail with "Recomputed values ... have different metadata"
+    (torch < 2.13 skipped FSDP2's cast there; FLUX.2 on the H200 hit it)."""
+    from unirl.train.precision import PrecisionConfig
+
+    model = _RopeModel()
+    cfg = FSDPConfig(
+        optimizer=AdamWConfig(lr=0.1),
+        gradient_checkpointing=True,
+        precision=PrecisionConfig(param_dtype="bf16"),
+    )
+    b = cfg.build(model, device="cpu")
+    b.backward(b.module(torch.randn(2, 4)).float().sum())
+    assert model.block.seen == [torch.bfloat16, torch.bfloat16]  # forward, then the recomputation
+    assert b.step().grad_norm > 0

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
+from torch.utils._pytree import tree_map
 
 from unirl.train.backends.common import OptimizedBackend, full_tensor
 from unirl.train.backends.dist import ensure_process_group, resolve_device
@@ -98,6 +99,9 @@ class FSDPBackend(OptimizedBackend):
         mp = config.precision.policy(self.device)
         names = set(config.shard_modules or getattr(module, "_no_split_modules", None) or [])
         blocks = [m for m in module.modules() if m is not module and type(m).__name__ in names]
+        if config.gradient_checkpointing and mp.param_dtype is not None:
+            for block in blocks:
+                cast_inputs_on_recompute(block, mp.param_dtype)
         for block in blocks:
             fully_shard(
                 block, mesh=self.mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward
@@ -269,6 +273,25 @@ class FSDPBackend(OptimizedBackend):
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
         self._load(state, StateDictOptions(strict=False))  # frozen params are not in the state
+
+
+def cast_inputs_on_recompute(block: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast `block`'s floating inputs to `dtype` on EVERY call, the recomputation included.
+
+    FSDP2's mixed-precision input cast (`cast_forward_inputs`) is skipped when activation
+    checkpointing re-runs a block during backward in torch < 2.13 (pytorch/pytorch#159359): a block
+    that receives fp32 inputs (FLUX.2's rotary tables) then recomputes in fp32 what its forward
+    computed in bf16, and backward fails with "Recomputed values ... have different metadata".
+    Registered before `fully_shard`, so it casts the same way as FSDP2's own pre-forward cast;
+    casting twice is a no-op, so later torch versions are unaffected."""
+
+    def cast(x: Any) -> Any:
+        return x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+    def hook(_: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return tree_map(cast, args), tree_map(cast, kwargs)
+
+    block.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def enable_gradient_checkpointing(module: Any) -> None:
