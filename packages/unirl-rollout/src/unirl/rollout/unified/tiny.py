@@ -173,7 +173,10 @@ class TinyUnifiedModel(nn.Module):
 
     def _velocity(self, latents_BCHW: Tensor, sigma_B: Tensor, ids_BL: Tensor, mask_BL: Tensor) -> Tensor:
         B, _, H, W = latents_BCHW.shape
-        emb = self.t_emb(timestep_embedding(sigma_B.float() * 1000.0, self.config.hidden_size))
+        # the sinusoid in fp32, then the compute dtype (bf16 latents under FSDP2 mixed precision)
+        emb = self.t_emb(
+            timestep_embedding(sigma_B.float() * 1000.0, self.config.hidden_size).to(latents_BCHW.dtype)
+        )
         x = torch.cat([latents_BCHW, coordinate_planes(latents_BCHW)], dim=1)
         s1 = self.conv_in(x)  # [B, c1, H, W]
         s2 = self.down2(self.pool1(s1), emb)  # [B, c2, H/2, W/2]
