@@ -52,10 +52,15 @@ def test_report_headline_states_the_interval_and_warns_within_noise() -> None:
     # judged against SFT (not the intermediate rl@2), with the paired interval and the warning
     assert "rl vs sft: accuracy 50.0% -> 50.0% (+0.0 points); 95% interval -100.0 to +100.0 points" in text
     assert "(2 prompts, 4 samples" in text and "Warning: the gain is within the evaluation's noise" in text
-    assert "pass@k 100.0% -> 50.0% (-50.0 points); sample diversity 0.300 -> 0.100" in text
+    # pass@k's interval: the same bootstrap on each prompt's solved-at-least-once indicator
+    assert (
+        "pass@k 100.0% -> 50.0% (-50.0 points; 95% interval -100.0 to +100.0); sample diversity 0.300 -> 0.100"
+        in text
+    )
     assert "traded coverage for per-sample accuracy" in text
     clear = {"sft": {str(i): [0.0, 1.0] for i in range(8)}, "rl": {str(i): [1.0, 1.0] for i in range(8)}}
     evals["rl"] = {"accuracy": 1.0, "pass_at_k": 1.0}
     text = "\n".join(gain_lines(evals, clear))
     assert "+50.0 points); 95% interval +50.0 to +50.0" in text
+    assert "pass@k 100.0% -> 100.0% (+0.0 points; 95% interval +0.0 to +0.0)." in text
     assert "Warning" not in text and "traded" not in text

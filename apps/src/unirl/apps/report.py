@@ -47,7 +47,14 @@ def gain_lines(
         out.append(head + ".**")
     pa, pb = evals[first].get("pass_at_k"), evals[last].get("pass_at_k")
     if pa is not None and pb is not None:
-        line = f"pass@k {pa:.1%} -> {pb:.1%} ({(pb - pa) * 100:+.1f} points)"
+        line = f"pass@k {pa:.1%} -> {pb:.1%} ({(pb - pa) * 100:+.1f} points"
+        if outcomes and first in outcomes and last in outcomes:
+            # the same paired bootstrap over prompts, on each prompt's solved-at-least-once indicator
+            _, lo, hi = paired_bootstrap(
+                *({p: [max(v)] for p, v in outcomes[s].items()} for s in (first, last))
+            )
+            line += f"; 95% interval {lo * 100:+.1f} to {hi * 100:+.1f}"
+        line += ")"
         da, db = evals[first].get("diversity"), evals[last].get("diversity")
         if da is not None and db is not None:
             line += f"; sample diversity {da:.3f} -> {db:.3f}"
