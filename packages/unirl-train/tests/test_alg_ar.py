@@ -128,7 +128,7 @@ def test_recompute_old_logprobs_restores_ratio_one_under_engine_mismatch():
     rec.prepare(parts, pipe)
     _, m = rec.loss(parts, pipe, _totals(parts))
     assert abs(m["ratio_min"] - 1) < 1e-6 and abs(m["ratio_max"] - 1) < 1e-6
-    # the mask keeps tokens whose exp(logp_prox - logp_behav) lies in [0.9, 1.1]
+    # the mask keeps tokens whose exp(logp_old - logp_behav) lies in [0.9, 1.1]
     prox = pipe.replay_logprobs(parts)
     behav = torch.zeros_like(prox.logp)
     for b, p in enumerate(parts):

@@ -226,7 +226,7 @@ def test_untrainable_parts_give_clear_errors():
 def test_flow_grpo_decoupled_off_policy_on_a_stale_rollout():
     """A rollout sampled by an older policy (async): with the stored log-probs the first update's
     ratio is off 1 and the tiny clip range zeroes most of the gradient; recomputed (proximal)
-    log-probs give ratio 1, and each SDE step is weighted by min(exp(logp_prox - logp_behav), C)."""
+    log-probs give ratio 1, and each SDE step is weighted by min(exp(logp_old - logp_behav), C)."""
     from unirl.train.algorithms import OffPolicyConfig
 
     pipe, parts = _setup()

@@ -99,7 +99,9 @@ def replay_token_logprobs(
 def token_logprobs(logits_BTV: Tensor, temp_B11: Tensor, ids_BT: Tensor) -> Tensor:
     """``log_softmax(logits / temperature)`` at ``ids``, in fp32, as ``z[id] - logsumexp(z)``:
     the same value as ``tempered_logprobs(...).gather(...)`` without keeping the fp32 distribution
-    over the vocabulary (on CUDA it runs compiled: one fused pass over the logits each way)."""
+    over the vocabulary (on CUDA it runs compiled: one fused pass over the logits each way).
+    Equal to that within float rounding, not bitwise; see ``tempered_logprobs`` for why the two
+    stay separate functions."""
     z_BTV = logits_BTV.float() / temp_B11
     return z_BTV.gather(-1, ids_BT.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z_BTV, dim=-1)
 

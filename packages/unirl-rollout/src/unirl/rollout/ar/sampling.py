@@ -46,7 +46,16 @@ def draw_uniforms(seeds: list[int], num_steps: int, device: torch.device | str =
 
 
 def tempered_logprobs(logits_BV: Tensor, temperature: float | Tensor) -> Tensor:
-    """``log_softmax(logits / temperature)`` in fp32; ``temperature`` is a float or ``[B, 1]``."""
+    """``log_softmax(logits / temperature)`` in fp32; ``temperature`` is a float or ``[B, 1]``.
+
+    The log-prob convention of AR sampling (and of replay when it also needs the entropy). Replay
+    without entropy uses ``unirl.rollout.ar.replay.token_logprobs`` instead: the same quantity
+    written as ``z[id] - logsumexp(z)``, which never holds the fp32 ``[B, T, V]`` distribution.
+    They are kept apart on purpose: the two formulas round differently (measured up to ~1e-5
+    absolute at V=32000, not bitwise equal), so one function for both would change either the
+    stored rollout log-probs or the trained replay ones; and sampling needs the whole distribution
+    anyway (top-k / top-p filtering), while replay with gradients should not keep it.
+    """
     return torch.log_softmax(logits_BV.float() / temperature, dim=-1)
 
 

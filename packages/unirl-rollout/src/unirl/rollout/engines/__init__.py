@@ -13,8 +13,8 @@ from unirl.rollout.engines.guards import (
     logprob_parity,
     weight_stamp,
 )
-from unirl.rollout.engines.sglang import SGLangLLMEngine, SGLangLLMEngineConfig
 from unirl.rollout.engines.sglang_diffusion import SGLangDiffusionEngine, SGLangDiffusionEngineConfig
+from unirl.rollout.engines.sglang_llm import SGLangLLMEngine, SGLangLLMEngineConfig
 from unirl.rollout.engines.trainside import TrainsideEngine
 from unirl.rollout.engines.vllm_omni import VLLMOmniEngine, VLLMOmniEngineConfig
 

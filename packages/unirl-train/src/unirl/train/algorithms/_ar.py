@@ -42,7 +42,7 @@ class ARPolicyConfig(AlgorithmConfigBase):
     )
     off_policy: OffPolicyConfig | None = Field(
         default=None,
-        description="decoupled-PPO weights exp(logp_prox - logp_behav); needs old_logprobs='recompute'.",
+        description="decoupled-PPO weights exp(logp_old - logp_behav); needs old_logprobs='recompute'.",
     )
     prepare_batch_size: int = Field(default=8, ge=1, description="Parts per no-grad replay when recomputing.")
 
@@ -77,7 +77,7 @@ class ARPolicyAlgorithm:
         self.config = config
         self.name = name
         self.reference: Any | None = None
-        self._prox: dict[int, Tensor] = {}
+        self._logp_old: dict[int, Tensor] = {}
 
     def set_reference(self, reference: Any) -> None:
         """Reference policy for ``kl_coef > 0``: anything with ``replay_logprobs`` (e.g.
@@ -103,14 +103,14 @@ class ARPolicyAlgorithm:
             f"{self.name}.kl_coef={cfg.kl_coef} needs a reference policy: call algorithm.set_reference("
             "ContextReference(pipeline, backend.reference_weights)) or set kl_coef=0",
         )
-        self._prox = {}
+        self._logp_old = {}
         if cfg.old_logprobs == "recompute":
             with torch.no_grad():
                 for i in range(0, len(parts), cfg.prepare_batch_size):
                     chunk = parts[i : i + cfg.prepare_batch_size]
                     logp = pipeline.replay_logprobs(chunk).logp.detach().float()
                     for b, (p, s) in enumerate(zip(chunk, segs[i : i + cfg.prepare_batch_size])):
-                        self._prox[id(p)] = logp[b, : len(s.response_ids)].clone()
+                        self._logp_old[id(p)] = logp[b, : len(s.response_ids)].clone()
 
     def _old(self, parts: Sequence[Part], T: int, device: torch.device) -> tuple[Tensor, Tensor | None]:
         """``(logp_old [B, T], logp_behav [B, T] or None)``."""
@@ -119,9 +119,9 @@ class ARPolicyAlgorithm:
         if all(s.log_probs is not None for s in segs):
             behav = pad_rows([as_tensor(s.log_probs).float() for s in segs], T, device)
         if self.config.old_logprobs == "recompute":
-            missing = [p.name for p in parts if id(p) not in self._prox]
+            missing = [p.name for p in parts if id(p) not in self._logp_old]
             require(not missing, f"{self.name}: parts {missing[:3]} were not prepared; call prepare() first")
-            return pad_rows([self._prox[id(p)] for p in parts], T, device), behav
+            return pad_rows([self._logp_old[id(p)] for p in parts], T, device), behav
         require(behav is not None, f"{self.name}: a part has no stored log_probs")
         return behav, behav  # type: ignore[return-value]
 

@@ -52,19 +52,21 @@ def group_by_step(segs: Sequence[LatentTrajectory], fraction: float = 1.0) -> li
     return [StepGroup(j, *by_step[j]) for j in sorted(by_step)]
 
 
-def old_logprobs(segs: Sequence[LatentTrajectory], g: StepGroup, device: torch.device) -> Tensor:
-    """``[n]`` fp32 stored log-probs of step ``g.step`` of each Part in the group."""
+def behavior_logprobs(segs: Sequence[LatentTrajectory], g: StepGroup, device: torch.device) -> Tensor:
+    """``[n]`` fp32 behaviour log-probs of step ``g.step`` of each Part in the group: the ones the
+    sampler stored on the segment (``segment.log_probs``)."""
     return torch.stack([as_tensor(segs[b].log_probs)[k] for b, k in zip(g.rows, g.slots)]).to(
         device=device, dtype=torch.float32
     )
 
 
 @torch.no_grad()
-def proximal_logprobs(
+def recompute_old_logprobs(
     parts: Sequence[Part], pipeline: Any, batch_size: int, algorithm: str
 ) -> dict[int, Tensor]:
     """``id(part) -> [n_sde]`` fp32 log-probs of each Part's stored transitions under the current
-    weights (the proximal policy), replayed in chunks of ``batch_size`` Parts, one step at a time."""
+    weights (the old, or proximal, policy), replayed in chunks of ``batch_size`` Parts, one step
+    at a time."""
     out: dict[int, Tensor] = {}
     for i in range(0, len(parts), batch_size):
         chunk = parts[i : i + batch_size]
@@ -79,14 +81,15 @@ def proximal_logprobs(
     return out
 
 
-def prox_logprobs(
-    prox: dict[int, Tensor], parts: Sequence[Part], g: StepGroup, device: torch.device
+def recomputed_old_logprobs(
+    logp_old: dict[int, Tensor], parts: Sequence[Part], g: StepGroup, device: torch.device
 ) -> Tensor:
-    """``[n]`` proximal log-probs of step ``g.step`` for ``parts`` (the group's rows, in order)."""
-    missing = [p.name for p in parts if id(p) not in prox]
+    """``[n]`` old (proximal) log-probs of step ``g.step`` for ``parts`` (the group's rows, in
+    order), picked from ``recompute_old_logprobs``' output."""
+    missing = [p.name for p in parts if id(p) not in logp_old]
     if missing:
         raise ValueError(f"parts {missing[:3]} have no proximal log-probs; call prepare() first")
-    return torch.stack([prox[id(p)][k] for p, k in zip(parts, g.slots)]).to(device=device)
+    return torch.stack([logp_old[id(p)][k] for p, k in zip(parts, g.slots)]).to(device=device)
 
 
 def old_means(segs: Sequence[LatentTrajectory], g: StepGroup, device: torch.device) -> Tensor:

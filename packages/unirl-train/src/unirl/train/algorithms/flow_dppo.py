@@ -77,7 +77,7 @@ class FlowDPPO:
             logp = D.checked_log_prob(rep, sub, g.step, self.name).float()
             device = logp.device
             adv = advantages(sub, self.name, device)
-            old = D.old_logprobs(segs, g, device)
+            old = D.behavior_logprobs(segs, g, device)
             div = dppo_divergence(rep.mean.detach(), D.old_means(segs, g, device), rep.std.detach())
             per, keep = dppo_step_loss(logp, old, adv, div, self.config.tau)
             total = per.sum() if total is None else total + per.sum()

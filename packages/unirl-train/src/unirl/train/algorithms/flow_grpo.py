@@ -67,7 +67,7 @@ class FlowGRPOConfig(AlgorithmConfigBase):
     )
     off_policy: OffPolicyConfig | None = Field(
         default=None,
-        description="decoupled-PPO weight exp(logp_prox - logp_behav) per SDE step (level 'token'); "
+        description="decoupled-PPO weight exp(logp_old - logp_behav) per SDE step (level 'token'); "
         "needs old_logprobs='recompute'",
     )
 
@@ -148,7 +148,7 @@ class FlowGRPO:
         self.config = config
         self.name: str = config.kind
         self.reference: Any | None = None
-        self._prox: dict[int, Tensor] = {}  # id(part) -> [n_sde] proximal log-probs (recompute)
+        self._logp_old: dict[int, Tensor] = {}  # id(part) -> [n_sde] old log-probs (recompute)
 
     def set_reference(self, reference: Any) -> None:
         """The reference policy for ``kl_coef > 0``: anything with ``replay_step`` (e.g.
@@ -168,9 +168,9 @@ class FlowGRPO:
             D.fill_old_means(
                 parts, pipeline, cfg.prepare_batch_size, self.name, recompute=cfg.recompute_old_means
             )
-        self._prox = {}
+        self._logp_old = {}
         if cfg.old_logprobs == "recompute":
-            self._prox = D.proximal_logprobs(parts, pipeline, cfg.prepare_batch_size, self.name)
+            self._logp_old = D.recompute_old_logprobs(parts, pipeline, cfg.prepare_batch_size, self.name)
 
     def count(self, parts: Sequence[Part]) -> tuple[int, int, int]:
         """(Parts, trained steps, trained steps): the BatchTotals counts under ``train_fraction``."""
@@ -203,8 +203,12 @@ class FlowGRPO:
             logp = D.checked_log_prob(rep, sub, g.step, self.name).float()
             device = logp.device
             adv = advantages(sub, self.name, device)
-            behav = D.old_logprobs(segs, g, device)
-            old = behav if cfg.old_logprobs == "rollout" else D.prox_logprobs(self._prox, sub, g, device)
+            behav = D.behavior_logprobs(segs, g, device)
+            old = (
+                behav
+                if cfg.old_logprobs == "rollout"
+                else D.recomputed_old_logprobs(self._logp_old, sub, g, device)
+            )
             log_ratio = logp - old
             if cfg.grpo_guard:
                 log_ratio = guarded_log_ratio(log_ratio, rep.mean, D.old_means(segs, g, device), rep.std)
@@ -236,6 +240,6 @@ class FlowGRPO:
         if kls:
             metrics["kl"] = torch.cat(kls).mean().item()
         if weights:
-            w, prox, behav = (torch.cat(t) for t in zip(*weights))
-            metrics |= off_policy_weights(cfg.off_policy, prox, behav, torch.ones_like(prox))[1]  # type: ignore[arg-type]
+            w, old, behav = (torch.cat(t) for t in zip(*weights))
+            metrics |= off_policy_weights(cfg.off_policy, old, behav, torch.ones_like(old))[1]  # type: ignore[arg-type]
         return total, metrics

@@ -1,9 +1,10 @@
-"""Decoupled-PPO off-policy correction: behaviour (engine) vs proximal (trainer) policy.
+"""Decoupled-PPO off-policy correction: behaviour (engine, ``logp_behav``) vs proximal (trainer,
+``logp_old``) policy.
 
-``rho = exp(logp - logp_prox)`` drives the clipped objective as usual; each token (or sequence)
-is weighted by ``w = exp(logp_prox - logp_behav)``, either truncated ``min(w, C)``
+``rho = exp(logp - logp_old)`` drives the clipped objective as usual; each token (or sequence)
+is weighted by ``w = exp(logp_old - logp_behav)``, either truncated ``min(w, C)``
 (truncated IS) or used as a 0/1 mask that drops elements with ``w`` outside ``[C_min, C_max]``
-(no reweighting inside the band). ``level="sequence"`` uses ``exp(sum_t m (logp_prox - logp_behav))``
+(no reweighting inside the band). ``level="sequence"`` uses ``exp(sum_t m (logp_old - logp_behav))``
 for every token of the sequence. The weight never carries a gradient.
 """
 
@@ -22,7 +23,7 @@ OffPolicyLevel = Literal["token", "sequence"]
 
 @torch.no_grad()
 def decoupled_weight(
-    logp_prox: Tensor,
+    logp_old: Tensor,
     logp_behav: Tensor,
     mask: Tensor,
     mode: OffPolicyMode,
@@ -33,8 +34,8 @@ def decoupled_weight(
     level: OffPolicyLevel = "token",
 ) -> Tensor:
     """The importance weight per token ``[B, T]`` (0 where ``mask`` is 0)."""
-    m = mask.to(logp_prox.dtype)
-    log_w = (logp_prox - logp_behav) * m
+    m = mask.to(logp_old.dtype)
+    log_w = (logp_old - logp_behav) * m
     if level == "sequence":
         log_w = log_w.sum(dim=-1, keepdim=True).expand_as(log_w)
     elif level != "token":
