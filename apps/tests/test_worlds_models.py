@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import numpy as np
 import pytest
 import torch
@@ -125,9 +130,20 @@ def test_unet_sft_loss_decreases() -> None:
     assert losses[-1] < 0.7 * losses[0]
 
 
+def _experiment(name: str) -> ModuleType:
+    """A lab script of ``experiments/`` (not part of any package), imported from its path."""
+    path = Path(__file__).resolve().parents[2] / "experiments" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"experiments_{name}", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.slow
 def test_feasibility_probes_run_end_to_end() -> None:
-    from unirl.apps.worlds import feasibility, feasibility_arithmetic
+    feasibility, feasibility_arithmetic = _experiment("feasibility"), _experiment("feasibility_arithmetic")
 
     rows = feasibility.run(
         feasibility.FeasibilityConfig(

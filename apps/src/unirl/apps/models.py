@@ -52,7 +52,7 @@ class TinyShapesModelConfig(BaseModel):
     U-Net (or a tiny SD3Transformer2DModel on pixels) with a frozen word-level text encoder.
 
     The U-Net is the default: on a 2-core CPU budget the pixel SD3 transformer had not formed
-    coherent objects after ~2k steps, the U-Net had after ~300 (apps/worlds/feasibility.py)."""
+    coherent objects after ~2k steps, the U-Net had after ~300 (experiments/feasibility.py)."""
 
     model_config = _STRICT
     kind: Literal["tiny_shapes"] = "tiny_shapes"

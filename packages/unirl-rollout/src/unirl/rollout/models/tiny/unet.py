@@ -160,7 +160,7 @@ class TinyUNet(nn.Module):
         if self.coord_channels:
             hidden_states = torch.cat([hidden_states, coordinate_planes(hidden_states)], dim=1)
         # NHWC activations (weights stay contiguous, as FSDP requires): a CPU training step at
-        # 32x32 x 64 samples runs 10-30% faster than NCHW (scripts/bench_tiny_unet_layout.py)
+        # 32x32 x 64 samples runs 10-30% faster than NCHW (experiments/bench_tiny_unet_layout.py)
         h = self.conv_in(hidden_states.contiguous(memory_format=torch.channels_last))
         skips = []
         for block, pool in zip(self.down, self.pool):

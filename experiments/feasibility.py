@@ -6,7 +6,7 @@ budget, and every `eval_every_s` seconds samples the held-out captions with an E
 diffusers SD3 sigma schedule and scores them with the shapes checker. Prints one JSON line per
 evaluation (accuracy vs wall time) so model size / resolution / step count can be chosen.
 
-    python -m unirl.apps.worlds.feasibility --budget-s 210 --threads 2
+    python experiments/feasibility.py --budget-s 210 --threads 2
 
 Timings on a shared CPU are noisy; the JSON lines carry train-only seconds as well as wall seconds.
 

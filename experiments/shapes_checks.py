@@ -1,7 +1,7 @@
 """Per-sample accuracy and per-check rates of a shapes run's checkpoint, on train AND held-out captions.
 
-    python scripts/shapes_checks.py RUN_DIR [K] [override ...]      # K samples per caption (8)
-    SDE=1 python scripts/shapes_checks.py RUN_DIR                   # RL's SDE sampler instead of the ODE
+    python experiments/shapes_checks.py RUN_DIR [K] [override ...]      # K samples per caption (8)
+    SDE=1 python experiments/shapes_checks.py RUN_DIR                   # RL's SDE sampler instead of the ODE
 
 Tells a policy that is bad everywhere from one that does not generalise: the trainer's evaluation
 sees only the held-out captions. Overrides are those the run used (seed=..., sft.steps=...).

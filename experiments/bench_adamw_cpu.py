@@ -1,6 +1,6 @@
 """One AdamW step over the recipe's tiny shapes U-Net, sharded by FSDP2 (one process, CPU).
 
-    python scripts/bench_adamw_cpu.py loop foreach fused    # prints the mean step time of each
+    python experiments/bench_adamw_cpu.py loop foreach fused    # prints the mean step time of each
 
 The unfused CPU default is a Python loop over the parameters; on DTensors each tensor op goes
 through DTensor dispatch, so the loop's cost grows with the number of tensors, not their size.

@@ -1,7 +1,7 @@
 """Does a shapes policy read the relation words? Same initial noise, four captions that differ only
 in the relation (or in word order), ODE samples from the run's checkpoint.
 
-    python scripts/shapes_relation_probe.py RUN_DIR [override ...]   # overrides the run used (seed=...)
+    python experiments/shapes_relation_probe.py RUN_DIR [override ...]   # overrides the run used (seed=...)
 
 Prints the mean absolute pixel difference (0..255) of each variant to the first caption and, per
 caption, the mean column offset of the red mass from the blue mass (negative = red further left).
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from shapes_checks import load_policy  # scripts/ is on sys.path when this file runs
+from shapes_checks import load_policy  # experiments/ is on sys.path when this file runs
 
 from unirl.apps.loop import PromptRecord
 from unirl.reward.worlds.shapes_checker import CheckerConfig, colour_masks

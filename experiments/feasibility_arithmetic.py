@@ -5,7 +5,7 @@ cross-entropy on the answer tokens + EOS of "12+7=" -> "19", and every `eval_eve
 greedy-decodes held-out prompts and scores them with the exact-match checker. One JSON line per
 evaluation; timings on a shared CPU are noisy.
 
-    python -m unirl.apps.worlds.feasibility_arithmetic --budget-s 120 --threads 2
+    python experiments/feasibility_arithmetic.py --budget-s 120 --threads 2
 """
 
 from __future__ import annotations

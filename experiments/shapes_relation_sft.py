@@ -1,6 +1,6 @@
 """Which tiny-model change lets SFT learn the shapes world's relations? (docs/benchmarks.md, issue 6)
 
-    python scripts/shapes_relation_sft.py VARIANT STEPS [DEVICE [SEED]]    # e.g. mix2_pos1_coord_lm2 1500 cuda 0
+    python experiments/shapes_relation_sft.py VARIANT STEPS [DEVICE [SEED]]    # e.g. mix2_pos1_coord_lm2 1500 cuda 0
 
 A self-contained SFT loop (the recipe's world, batch 64, AdamW 1e-3 with 50 warmup steps, grad
 clip 1, logit-normal t) over the variants in VARIANTS:
