@@ -64,3 +64,9 @@ def test_report_headline_states_the_interval_and_warns_within_noise() -> None:
     assert "+50.0 points); 95% interval +50.0 to +50.0" in text
     assert "pass@k 100.0% -> 100.0% (+0.0 points; 95% interval +0.0 to +0.0)." in text
     assert "Warning" not in text and "traded" not in text
+    # a fall beyond noise is called out as such, and pass@k falling with it is not a trade
+    evals["rl"] = {"accuracy": 0.25, "pass_at_k": 0.5}
+    worse = {"sft": {str(i): [1.0, 1.0] for i in range(8)}, "rl": {str(i): [0.0, 1.0] for i in range(8)}}
+    text = "\n".join(gain_lines(evals, worse))
+    assert "accuracy fell beyond the evaluation's noise: rl made the policy worse than sft" in text
+    assert "lost coverage and per-sample accuracy both" in text and "traded" not in text

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from unirl.train.algorithms import BatchTotals, DiffusionNFTConfig, FlowSFTConfig, StageAlgorithm
+from unirl.train.algorithms import BatchTotals, ContextReference, DiffusionNFTConfig, FlowSFTConfig, StageAlgorithm
 from unirl.train.algorithms.losses.diffusion_nft import nft_noisy_latent, nft_old_decay, nft_sample_loss
 from unirl.train.algorithms.losses.flow_sft import flow_sft_sample_loss, sample_timesteps
 from unirl.train.algorithms.testing import FakeFlowPipeline, check_stage_algorithm
@@ -75,6 +75,39 @@ def test_nft_loss_matches_the_pure_function_after_an_update():
     expected = torch.cat(per).sum() / 16
     assert abs(loss.item() - expected.item()) < 1e-5
     assert m["velocity_gap"] > 0
+
+
+def test_nft_kl_to_the_reference_is_the_velocity_mse_and_pulls_back():
+    pipe, parts, alg0 = _nft(k=2)
+    reference = ContextReference(pipe, _old_policy(pipe))  # the weights before the move below
+    _, _, alg = _nft(k=2, kl_coef=0.5)
+    with pytest.raises(ValueError, match="kl_coef=0.5 needs a reference"):
+        alg.prepare(parts, pipe)
+    alg.set_reference(reference)
+    alg.prepare(parts, pipe)
+    alg0.prepare(parts, pipe)  # same seed: the same (t, noise) draws
+    with torch.no_grad():
+        pipe.module.bias.add_(0.3)
+    totals = _totals(alg, parts)
+    loss, m = alg.loss(parts, pipe, totals)
+    base, _ = alg0.loss(parts, pipe, totals)
+    kl = []
+    for p in parts:
+        d = alg._draws[id(p)]
+        v_ref = reference.velocity(d.x_t, d.t, [p.conditions] * len(d.t), 1.0)
+        kl.append((pipe.velocity(d.x_t, d.t, [p.conditions] * len(d.t), 1.0) - v_ref).pow(2).flatten(1).mean(1))
+    kl = torch.cat(kl)
+    assert abs(m["kl"] - kl.mean().item()) < 1e-6 and m["kl"] > 0
+    assert abs((loss - base).item() - 0.5 * kl.sum().item() / totals.num_steps) < 1e-5
+    # a strong penalty walks the policy back to the reference
+    strong = DiffusionNFTConfig(timesteps_per_sample=2, kl_coef=50.0).build()
+    strong.set_old_policy(_old_policy(pipe))
+    strong.set_reference(reference)
+    strong.prepare(parts, pipe)
+    before = strong.loss(parts, pipe, totals)[1]["kl"]
+    for _ in range(20):
+        _sgd_step(pipe.module, strong.loss(parts, pipe, totals)[0], lr=0.01)
+    assert strong.loss(parts, pipe, totals)[1]["kl"] < 0.5 * before
 
 
 def test_nft_micro_batch_invariance_1x8_vs_8x1():

@@ -37,7 +37,14 @@ def gain_lines(
         samples = sum(len(v) for v in outcomes[last].values())
         head += f"; 95% interval {lo * 100:+.1f} to {hi * 100:+.1f} points ({prompts} prompts, {samples} samples, paired bootstrap over prompts)"
         out.append(head + ".**")
-        if lo <= 0.0 <= hi:
+        if hi < 0.0:
+            out.append("")
+            out.append(
+                f"> Warning: accuracy fell beyond the evaluation's noise: {last} made the policy worse than "
+                f"{first}. Look at the loss and grad-norm plots for drift; a lower `rl.lr` or a KL to the "
+                "reference (`rl.algorithm.kl_coef` with `backend.reference: frozen_copy`) bounds it."
+            )
+        elif lo <= 0.0 <= hi:
             out.append("")
             out.append(
                 "> Warning: the gain is within the evaluation's noise (its interval includes 0): "
@@ -59,10 +66,13 @@ def gain_lines(
         if da is not None and db is not None:
             line += f"; sample diversity {da:.3f} -> {db:.3f}"
         if pa - pb > PASS_AT_K_DROP:
-            line += (
-                f". **pass@k fell by more than {PASS_AT_K_DROP * 100:.0f} points: {last} traded coverage for "
-                "per-sample accuracy (fewer prompts have any solved sample: the policy narrowed).**"
+            why = (
+                f"{last} traded coverage for per-sample accuracy (fewer prompts have any solved sample: "
+                "the policy narrowed)"
+                if b >= a
+                else f"{last} lost coverage and per-sample accuracy both"
             )
+            line += f". **pass@k fell by more than {PASS_AT_K_DROP * 100:.0f} points: {why}.**"
         out += ["", line + ("" if line.endswith("**") else ".")]
     return out
 

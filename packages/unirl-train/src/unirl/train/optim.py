@@ -20,7 +20,7 @@ class AdamWConfig(BaseModel):
 
     On CPU the unfused default is a Python loop over the params; over FSDP's DTensors it cost
     82 ms a step for the 140 tensors of the tiny shapes U-Net, against 12 ms fused
-    (scripts/bench_adamw_cpu.py, docs/benchmarks.md).
+    (experiments/bench_adamw_cpu.py, docs/benchmarks.md).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

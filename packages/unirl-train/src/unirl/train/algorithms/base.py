@@ -114,6 +114,11 @@ class ContextReference:
         with torch.no_grad(), self._ctx():
             return self.pipeline.replay_logprobs(parts)
 
+    def velocity(self, x_t: Tensor, t: Tensor, conditions: Sequence[Any], guidance_scale: float) -> Tensor:
+        """The reference velocity at ``(x_t, t)`` (DiffusionNFT's drift penalty), under no grad."""
+        with torch.no_grad(), self._ctx():
+            return self.pipeline.velocity(x_t, t, conditions, guidance_scale).detach()
+
 
 # ---- small helpers shared by the algorithms ---------------------------------------------------
 

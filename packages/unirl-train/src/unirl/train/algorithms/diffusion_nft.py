@@ -54,6 +54,12 @@ class DiffusionNFTConfig(AlgorithmConfigBase):
         default=0.001, gt=0.0, description="old-policy decay ramp: d = min(rate * step, cap)."
     )
     ema_cap: float = Field(default=0.5, ge=0.0, lt=1.0, description="old-policy decay cap.")
+    kl_coef: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="weight of the drift penalty to the reference policy, mean (v_theta - v_ref)^2 at the "
+        "same (x_t, t) (the velocity-space KL of DiffusionNFT's reference trainer); needs a reference.",
+    )
     prepare_batch_size: int = Field(default=8, ge=1, description="Parts per no-grad old-velocity evaluation.")
     seed: int = Field(default=0, ge=0, description="seed of the t / noise draws.")
 
@@ -71,6 +77,7 @@ class _Draws:
     x_t: Tensor  # [K, ...]
     x_clean: Tensor  # [...]
     v_old: Tensor  # [K, ...]
+    v_ref: Tensor | None = None  # [K, ...] with kl_coef > 0
 
 
 class DiffusionNFT:
@@ -82,6 +89,7 @@ class DiffusionNFT:
         self.config = config
         self.name: str = config.kind
         self.old_policy: Callable[[], AbstractContextManager[Any]] | None = None
+        self.reference: Any | None = None
         self._gen = torch.Generator().manual_seed(config.seed)
         self._draws: dict[int, _Draws] = {}
 
@@ -89,6 +97,11 @@ class DiffusionNFT:
         """A zero-argument callable returning a context in which the pipeline computes with the
         old (EMA) weights, e.g. ``backend.ema_weights``."""
         self.old_policy = context
+
+    def set_reference(self, reference: Any) -> None:
+        """The reference policy for ``kl_coef > 0``: anything with ``velocity(x_t, t, conditions,
+        guidance_scale)`` under no grad (e.g. ``ContextReference(pipeline, backend.reference_weights)``)."""
+        self.reference = reference
 
     def _k(self, part: Part) -> int:
         T = latent_segment(part, self.name).num_steps
@@ -105,6 +118,11 @@ class DiffusionNFT:
             self.old_policy is not None,
             "diffusion_nft needs the old policy: call algorithm.set_old_policy(backend.ema_weights) with the "
             f"backend EMA configured as {self.config.ema_config()}",
+        )
+        require(
+            self.config.kl_coef == 0.0 or self.reference is not None,
+            f"{self.name}.kl_coef={self.config.kl_coef} needs a reference policy: call algorithm.set_reference("
+            "ContextReference(pipeline, backend.reference_weights)) (backend.reference: frozen_copy) or set kl_coef=0",
         )
         self._draws = {}
         jobs: list[tuple[Part, Tensor, Tensor, Tensor]] = []
@@ -124,17 +142,22 @@ class DiffusionNFT:
             x_t = nft_noisy_latent(x_clean.expand(len(t), *x_clean.shape).cpu(), noise, t)
             jobs.append((p, t, x_t, x_clean))
         bs = self.config.prepare_batch_size
+        reference = self.reference if self.config.kl_coef > 0 else None
         with torch.no_grad(), self.old_policy():  # type: ignore[misc]
             for i in range(0, len(jobs), bs):
                 chunk = jobs[i : i + bs]
                 x_t, t, conds = _flatten([(j[1], j[2], j[0]) for j in chunk], self.name)
                 v_old = pipeline.velocity(x_t, t, conds, self.config.guidance_scale).detach().float()
+                v_ref = None
+                if reference is not None:  # the reference replaces the old-policy context inside it
+                    v_ref = reference.velocity(x_t, t, conds, self.config.guidance_scale).float()
                 dev = v_old.device
                 offset = 0
                 for p, tp, xp, xc in chunk:
                     k = len(tp)
+                    ref = None if v_ref is None else v_ref[offset : offset + k].to(dev)
                     self._draws[id(p)] = _Draws(
-                        tp.to(dev), xp.to(dev), xc.to(dev), v_old[offset : offset + k]
+                        tp.to(dev), xp.to(dev), xc.to(dev), v_old[offset : offset + k], ref
                     )
                     offset += k
 
@@ -162,6 +185,12 @@ class DiffusionNFT:
             "nft_r": nft_mix_weight(adv, self.config.adv_max).mean().item(),
             "velocity_gap": (v_theta.detach() - v_old).pow(2).mean().item(),
         }
+        if self.config.kl_coef > 0:
+            refs = [d.v_ref for d in draws if d.v_ref is not None]
+            require(len(refs) == len(draws), f"{self.name}: parts were prepared before kl_coef was set")
+            kl = (v_theta - torch.cat(refs)).pow(2).flatten(1).mean(dim=1)
+            per = per + self.config.kl_coef * kl
+            metrics["kl"] = kl.detach().mean().item()
         return per.sum() / totals.num_steps, metrics
 
 
