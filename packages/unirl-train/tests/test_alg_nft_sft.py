@@ -6,7 +6,13 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from unirl.train.algorithms import BatchTotals, ContextReference, DiffusionNFTConfig, FlowSFTConfig, StageAlgorithm
+from unirl.train.algorithms import (
+    BatchTotals,
+    ContextReference,
+    DiffusionNFTConfig,
+    FlowSFTConfig,
+    StageAlgorithm,
+)
 from unirl.train.algorithms.losses.diffusion_nft import nft_noisy_latent, nft_old_decay, nft_sample_loss
 from unirl.train.algorithms.losses.flow_sft import flow_sft_sample_loss, sample_timesteps
 from unirl.train.algorithms.testing import FakeFlowPipeline, check_stage_algorithm
@@ -95,7 +101,9 @@ def test_nft_kl_to_the_reference_is_the_velocity_mse_and_pulls_back():
     for p in parts:
         d = alg._draws[id(p)]
         v_ref = reference.velocity(d.x_t, d.t, [p.conditions] * len(d.t), 1.0)
-        kl.append((pipe.velocity(d.x_t, d.t, [p.conditions] * len(d.t), 1.0) - v_ref).pow(2).flatten(1).mean(1))
+        kl.append(
+            (pipe.velocity(d.x_t, d.t, [p.conditions] * len(d.t), 1.0) - v_ref).pow(2).flatten(1).mean(1)
+        )
     kl = torch.cat(kl)
     assert abs(m["kl"] - kl.mean().item()) < 1e-6 and m["kl"] > 0
     assert abs((loss - base).item() - 0.5 * kl.sum().item() / totals.num_steps) < 1e-5
