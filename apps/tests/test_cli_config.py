@@ -62,7 +62,7 @@ def test_base_recipe_is_merged_under_the_file(tmp_path):
     flow = load_dict("shapes_flowgrpo")
     assert nft["model"] == flow["model"] and nft["sft"] == {**flow["sft"], "steps": 1600}
     assert nft["data"] == {**flow["data"], "sft_caption_noise": 0.3}  # merged node by node
-    assert nft["rl"]["algorithm"] == {"kind": "diffusion_nft", "timesteps_per_sample": 2}
+    assert nft["rl"]["algorithm"] == {"kind": "diffusion_nft", "timesteps_per_sample": 2, "kl_coef": 1.0}
     assert nft["sampling"]["sde_strategy"] == "ode" and "base" not in nft
     (tmp_path / "parent.yaml").write_text("base: child.yaml\ntrainer: toy\n")
     with pytest.raises(RecipeError, match=r"`base` chain loops \(child.yaml -> parent.yaml -> child.yaml\)"):
