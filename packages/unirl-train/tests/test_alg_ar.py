@@ -149,7 +149,10 @@ def test_recompute_old_logprobs_restores_ratio_one_under_engine_mismatch():
 def test_kl_needs_a_reference_and_is_zero_against_itself():
     pipe, parts = _setup()
     alg = GRPOConfig(kl_coef=0.1).build()
-    with pytest.raises(ValueError, match="reference"):
+    with pytest.raises(
+        ValueError,
+        match=r"kl_coef=0.1 needs a reference policy.*backend.reference: frozen_copy.*or set kl_coef=0",
+    ):
         alg.prepare(parts, pipe)
     alg.set_reference(copy.deepcopy(pipe))
     alg.prepare(parts, pipe)

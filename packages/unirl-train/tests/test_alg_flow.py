@@ -118,7 +118,10 @@ def test_flow_grpo_kl_to_reference_is_the_exact_gaussian_kl():
     pipe, parts = _setup(n=2, sde=[0])
     ref_pipe = copy.deepcopy(pipe)
     alg = FlowGRPOConfig(kl_coef=0.5).build()
-    with pytest.raises(ValueError, match="reference"):
+    with pytest.raises(
+        ValueError,
+        match=r"kl_coef=0.5 needs a reference policy.*backend.reference: frozen_copy.*or set kl_coef=0",
+    ):
         alg.prepare(parts, pipe)
     alg.set_reference(ref_pipe)
     alg.prepare(parts, pipe)

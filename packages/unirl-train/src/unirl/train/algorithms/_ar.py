@@ -13,7 +13,14 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from unirl.train.algorithms.base import BatchTotals, advantages, as_tensor, require, text_segment
+from unirl.train.algorithms.base import (
+    BatchTotals,
+    advantages,
+    as_tensor,
+    require,
+    require_reference,
+    text_segment,
+)
 from unirl.train.algorithms.config_base import AlgorithmConfigBase
 from unirl.train.algorithms.losses.aggregation import AggregationMode, aggregate
 from unirl.train.algorithms.losses.kl import KLEstimator, kl_estimate
@@ -98,11 +105,7 @@ class ARPolicyAlgorithm:
             require(
                 not missing, f"{self.name}: parts {missing[:3]} have no stored log_probs (sampler log-probs)"
             )
-        require(
-            cfg.kl_coef == 0.0 or self.reference is not None,
-            f"{self.name}.kl_coef={cfg.kl_coef} needs a reference policy: call algorithm.set_reference("
-            "ContextReference(pipeline, backend.reference_weights)) or set kl_coef=0",
-        )
+        require_reference(self.name, cfg.kl_coef, self.reference)
         self._logp_old = {}
         if cfg.old_logprobs == "recompute":
             with torch.no_grad():

@@ -165,3 +165,13 @@ def require(cond: bool, message: str) -> None:
     """Raise ValueError(message) unless ``cond`` (for user-facing checks; never ``assert``)."""
     if not cond:
         raise ValueError(message)
+
+
+def require_reference(algorithm: str, kl_coef: float, reference: object | None) -> None:
+    """A KL / drift term (``kl_coef`` > 0) needs the reference policy set on the algorithm."""
+    require(
+        kl_coef == 0.0 or reference is not None,
+        f"{algorithm}.kl_coef={kl_coef} needs a reference policy: call algorithm.set_reference("
+        "ContextReference(pipeline, backend.reference_weights)) (recipe: backend.reference: frozen_copy) "
+        "or set kl_coef=0",
+    )

@@ -23,7 +23,14 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from unirl.train.algorithms.base import BatchTotals, advantages, as_tensor, latent_segment, require
+from unirl.train.algorithms.base import (
+    BatchTotals,
+    advantages,
+    as_tensor,
+    latent_segment,
+    require,
+    require_reference,
+)
 from unirl.train.algorithms.config_base import AlgorithmConfigBase
 from unirl.train.algorithms.losses.diffusion_nft import (
     NFT_ADV_MAX,
@@ -119,11 +126,7 @@ class DiffusionNFT:
             "diffusion_nft needs the old policy: call algorithm.set_old_policy(backend.ema_weights) with the "
             f"backend EMA configured as {self.config.ema_config()}",
         )
-        require(
-            self.config.kl_coef == 0.0 or self.reference is not None,
-            f"{self.name}.kl_coef={self.config.kl_coef} needs a reference policy: call algorithm.set_reference("
-            "ContextReference(pipeline, backend.reference_weights)) (backend.reference: frozen_copy) or set kl_coef=0",
-        )
+        require_reference(self.name, self.config.kl_coef, self.reference)
         self._draws = {}
         jobs: list[tuple[Part, Tensor, Tensor, Tensor]] = []
         for p in parts:

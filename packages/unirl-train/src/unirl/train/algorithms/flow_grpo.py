@@ -20,7 +20,7 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from unirl.train.algorithms import _diffusion as D
-from unirl.train.algorithms.base import BatchTotals, advantages, require
+from unirl.train.algorithms.base import BatchTotals, advantages, require, require_reference
 from unirl.train.algorithms.config_base import AlgorithmConfigBase
 from unirl.train.algorithms.losses.flow_grpo import clipped_surrogate, gaussian_mean_kl
 from unirl.train.algorithms.losses.grpo_guard import guarded_log_ratio
@@ -159,11 +159,7 @@ class FlowGRPO:
         cfg = self.config
         D.check_trainable(parts, self.name, needs_log_probs=True)
         D.check_sampling(parts, self.name, cfg.expected_strategy, cfg.expected_schedule)
-        require(
-            cfg.kl_coef == 0.0 or self.reference is not None,
-            f"{self.name}.kl_coef={cfg.kl_coef} needs a reference policy: call "
-            "algorithm.set_reference(ContextReference(pipeline, backend.reference_weights)) or set kl_coef=0",
-        )
+        require_reference(self.name, cfg.kl_coef, self.reference)
         if cfg.grpo_guard:
             D.fill_old_means(
                 parts, pipeline, cfg.prepare_batch_size, self.name, recompute=cfg.recompute_old_means
