@@ -1,4 +1,4 @@
-"""The image-family recipes: each validates and builds its family's bundle (tiny, path: null); slow:
+"""The image- and video-family recipes: each validates and builds its family's bundle (tiny, path: null); slow:
 each trains one FlowGRPO step through `unirl train` and its run exports to a folder the family's own
 diffusers pipeline loads, holding the trained transformer weights."""
 
@@ -18,14 +18,24 @@ FAMILIES = {
     "flux2_klein": ("Flux2KleinBundle", "Flux2KleinPipeline"),
     "z_image": ("ZImageBundle", "ZImagePipeline"),
     "flux": ("FluxBundle", "FluxPipeline"),
+    "wan": ("WanBundle", "WanPipeline"),
+    "hunyuan_video": ("HunyuanVideoBundle", "HunyuanVideoPipeline"),
 }
+VIDEO = {"wan", "hunyuan_video"}  # DanceGRPO on the moving-shapes world; the image families FlowGRPO
+
+
+def recipe_name(kind: str) -> str:
+    return f"{kind}_tiny_dancegrpo" if kind in VIDEO else f"{kind}_tiny_flowgrpo"
 
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
 def test_family_recipe_validates_and_builds_its_bundle(kind: str) -> None:
-    recipe = load(Recipe, f"{kind}_tiny_flowgrpo")
+    recipe = load(Recipe, recipe_name(kind))
     assert recipe.model.kind == kind and recipe.model.path is None
-    assert recipe.sampling.dynamic_shift  # the family's own sigma policy
+    if kind in VIDEO:  # the causal VAEs' 4k + 1 frames; the scheduler's static shift
+        assert recipe.sampling.num_frames == 5 and not recipe.sampling.dynamic_shift
+    else:
+        assert recipe.sampling.dynamic_shift  # the family's own sigma policy
     torch.set_num_threads(1)
     bundle = recipe.model.build(torch.device("cpu"), recipe.seed)
     assert type(bundle).__name__ == FAMILIES[kind][0]
@@ -33,17 +43,17 @@ def test_family_recipe_validates_and_builds_its_bundle(kind: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["qwen_image", "flux2_klein", "z_image"])
+@pytest.mark.parametrize("kind", ["qwen_image", "flux2_klein", "z_image", "wan", "hunyuan_video"])
 def test_family_recipe_trains_and_exports(kind: str, tmp_path: Path) -> None:
     import diffusers
 
     from unirl.apps.export import export_run
 
     run = tmp_path / "run"
-    assert main(["train", f"{kind}_tiny_flowgrpo", "rl.steps=1", "threads=1", "--run-dir", str(run)]) == 0
+    assert main(["train", recipe_name(kind), "rl.steps=1", "threads=1", "--run-dir", str(run)]) == 0
     out = export_run(run, "diffusers")
     pipe = getattr(diffusers, FAMILIES[kind][1]).from_pretrained(out, torch_dtype=torch.float32)
-    recipe = load(Recipe, f"{kind}_tiny_flowgrpo")
+    recipe = load(Recipe, recipe_name(kind))
     base = recipe.model.build(torch.device("cpu"), recipe.seed).transformer.state_dict()
     trained = pipe.transformer.state_dict()
     assert trained.keys() == base.keys()

@@ -1,5 +1,5 @@
-"""Model configs of the diffusers image families beyond SD3: FLUX.1, Qwen-Image, FLUX.2 [klein],
-Z-Image. Each builds its bundle through the real loader (``from_pretrained`` of a local diffusers
+"""Model configs of the diffusers families beyond SD3: FLUX.1, Qwen-Image, FLUX.2 [klein], Z-Image,
+and the video families Wan 2.1 / 2.2 and HunyuanVideo. Each builds its bundle through the real loader (``from_pretrained`` of a local diffusers
 folder or hub id); ``path: null`` builds the family's tiny random model in code (same classes),
 the CPU variant each family's recipe has."""
 
@@ -10,7 +10,14 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Flux2KleinModelConfig", "FluxModelConfig", "QwenImageModelConfig", "ZImageModelConfig"]
+__all__ = [
+    "Flux2KleinModelConfig",
+    "FluxModelConfig",
+    "HunyuanVideoModelConfig",
+    "QwenImageModelConfig",
+    "WanModelConfig",
+    "ZImageModelConfig",
+]
 
 
 class _DiffusersFamilyConfig(BaseModel):
@@ -31,6 +38,10 @@ class _DiffusersFamilyConfig(BaseModel):
     def tiny_kwargs(self) -> dict[str, Any]:
         return {}
 
+    def load_kwargs(self) -> dict[str, Any]:
+        """Extra ``from_pretrained`` keywords of the family."""
+        return {}
+
     def build(self, device: torch.device, seed: int) -> Any:
         from unirl.apps.models import torch_dtype
 
@@ -38,7 +49,9 @@ class _DiffusersFamilyConfig(BaseModel):
         if self.path is None:
             return cls.tiny(seed=seed, **self.tiny_kwargs()).to(device)
         kw = {} if self.max_sequence_length is None else {"max_sequence_length": self.max_sequence_length}
-        return cls.from_pretrained(self.path, dtype=torch_dtype(self.dtype), device=device, **kw)
+        return cls.from_pretrained(
+            self.path, dtype=torch_dtype(self.dtype), device=device, **kw, **self.load_kwargs()
+        )
 
 
 class FluxModelConfig(_DiffusersFamilyConfig):
@@ -101,3 +114,50 @@ class ZImageModelConfig(_DiffusersFamilyConfig):
         from unirl.rollout.models.z_image import ZImageBundle
 
         return ZImageBundle
+
+
+class WanModelConfig(_DiffusersFamilyConfig):
+    """Wan 2.1 / 2.2 text-to-video (``WanTransformer3DModel``, ``AutoencoderKLWan``; the A14B pair of
+    experts switches at the checkpoint's ``boundary_ratio``): CFG with ``sampling.negative_prompt``,
+    the scheduler's static ``flow_shift``. ``sampling.num_frames`` must be 4k + 1 (the causal VAE)."""
+
+    kind: Literal["wan"] = "wan"
+
+    vae_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="the VAE's dtype (fp32, as Wan's model cards advise)"
+    )
+    fps: float = Field(default=16.0, gt=0, description="frame rate of the decoded videos")
+    tiny_two_experts: bool = Field(
+        default=False, description="path: null only: a Wan 2.2 A14B-style pair of experts"
+    )
+    tiny_flow_shift: float = Field(default=3.0, gt=0, description="path: null only: the scheduler's shift")
+
+    def bundle_class(self) -> Any:
+        from unirl.rollout.models.wan import WanBundle
+
+        return WanBundle
+
+    def tiny_kwargs(self) -> dict[str, Any]:
+        return {"two_experts": self.tiny_two_experts, "flow_shift": self.tiny_flow_shift}
+
+    def load_kwargs(self) -> dict[str, Any]:
+        from unirl.apps.models import torch_dtype
+
+        return {"vae_dtype": torch_dtype(self.vae_dtype), "fps": self.fps}
+
+
+class HunyuanVideoModelConfig(_DiffusersFamilyConfig):
+    """HunyuanVideo 1.0 (``HunyuanVideoTransformer3DModel``, Llama + CLIP text encoders; guidance-
+    distilled: the scale is a model input, no CFG batch). ``sampling.num_frames`` must be 4k + 1."""
+
+    kind: Literal["hunyuan_video"] = "hunyuan_video"
+
+    fps: float = Field(default=24.0, gt=0, description="frame rate of the decoded videos")
+
+    def bundle_class(self) -> Any:
+        from unirl.rollout.models.hunyuan_video import HunyuanVideoBundle
+
+        return HunyuanVideoBundle
+
+    def load_kwargs(self) -> dict[str, Any]:
+        return {"fps": self.fps}

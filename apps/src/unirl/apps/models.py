@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from unirl.apps.image_models import (
     Flux2KleinModelConfig,
     FluxModelConfig,
+    HunyuanVideoModelConfig,
     QwenImageModelConfig,
+    WanModelConfig,
     ZImageModelConfig,
 )
 
@@ -111,6 +113,8 @@ DiffusionModelConfig = Annotated[
     | FluxModelConfig
     | QwenImageModelConfig
     | Flux2KleinModelConfig
-    | ZImageModelConfig,
+    | ZImageModelConfig
+    | WanModelConfig
+    | HunyuanVideoModelConfig,
     Field(discriminator="kind"),
 ]
