@@ -1,7 +1,7 @@
 """CPU time of one TinyUNet forward + backward (64 samples, 32x32, the recipe's options) with NHWC
 activations (as TinyUNet.forward runs) and with NCHW (its channels_last request made a no-op).
 
-    python experiments/bench_tiny_unet_layout.py nchw|nhwc     # docs/benchmarks.md, issue 6
+    python experiments/bench_tiny_unet_layout.py nchw|nhwc     # docs/experiments/shapes_history.md, issue 6
 """
 
 import sys

@@ -1,4 +1,4 @@
-"""Which tiny-model change lets SFT learn the shapes world's relations? (docs/benchmarks.md, issue 6)
+"""Which tiny-model change lets SFT learn the shapes world's relations? (docs/experiments/shapes_history.md, issue 6)
 
     python experiments/shapes_relation_sft.py VARIANT STEPS [DEVICE [SEED]]    # e.g. mix2_pos1_coord_lm2 1500 cuda 0
 
