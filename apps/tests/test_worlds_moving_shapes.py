@@ -43,3 +43,21 @@ def test_recipe_sizes_are_checked_before_compute() -> None:
         load(Recipe, "moving_shapes_dance", ["sampling.num_frames=null"])
     with pytest.raises(RecipeError, match="spans 17 px, more than resolution=16 - 2"):
         load(Recipe, "moving_shapes_dance", ["data.speed=4", "data.size_max=5"])
+
+
+def test_sft_caption_noise_mislabels_that_fraction_of_the_videos_only() -> None:
+    """`data.sft_caption_noise` p: the videos are the clean ones, ~p of the captions is a random
+    training caption (the checker rejects those pairs unless the draw is the own caption), the same
+    for the same (seed, step), never a held-out caption."""
+    clean = MovingShapesDataConfig().build()
+    noisy = MovingShapesDataConfig(sft_caption_noise=0.3).build()
+    v0, c0 = clean.sft_examples(400, seed=1, step=5)
+    v1, c1 = noisy.sft_examples(400, seed=1, step=5)
+    assert np.array_equal(v0, v1)
+    changed = [a != b for a, b in zip(c0, c1, strict=True)]
+    assert 0.24 < np.mean(changed) < 0.34  # 0.3 x 18/19 (a draw may be the own caption); s.d. 0.023
+    assert set(c1) <= set(noisy.world.captions("train"))
+    assert noisy.sft_examples(400, seed=1, step=5)[1] == c1
+    assert not any(check_video(v, c).correct for v, c, ch in zip(v1, c1, changed, strict=True) if ch)
+    with pytest.raises(ValueError, match="sft_caption_noise"):
+        MovingShapesDataConfig(sft_caption_noise=1.0)

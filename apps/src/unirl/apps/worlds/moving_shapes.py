@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from unirl.apps.loop import PromptRecord
+from unirl.apps.worlds.caption_noise import SFT_CAPTION_NOISE_FIELD, mislabel
 from unirl.apps.worlds.shapes import PlacedObject, render
 from unirl.reward.worlds.moving_shapes import DIRECTIONS, MotionSpec, all_motion_specs
 
@@ -39,6 +40,7 @@ class MovingShapesDataConfig(BaseModel):
     speed: int = Field(default=2, ge=1, description="pixels the object moves per frame")
     held_out: int = Field(default=5, ge=1, le=12, description="captions held out of the 24")
     split_seed: int = Field(default=0, ge=0)
+    sft_caption_noise: float = SFT_CAPTION_NOISE_FIELD
 
     @model_validator(mode="after")
     def _fits(self) -> MovingShapesDataConfig:
@@ -134,6 +136,17 @@ class MovingShapesSource:
         return self._records("held_out")
 
     def sft_examples(self, n: int, *, seed: int, step: int) -> tuple[np.ndarray, list[str]]:
-        """``n`` training videos ``uint8 [n, F, H, W, 3]`` with their captions, seeded by ``(seed, step)``."""
+        """``n`` training videos ``uint8 [n, F, H, W, 3]`` with their captions, seeded by ``(seed, step)``.
+
+        With ``data.sft_caption_noise`` p, a fraction ~p of the captions is a random training caption
+        (``unirl.apps.worlds.caption_noise``); the videos are the clean ones.
+        """
         pairs = self.world.sample(n, seed=seed * 1_000_003 + step, split="train")
-        return np.stack([v for v, _ in pairs]), [c for _, c in pairs]
+        captions = mislabel(
+            [c for _, c in pairs],
+            self.world.captions("train"),
+            self.world.config.sft_caption_noise,
+            seed=seed,
+            step=step,
+        )
+        return np.stack([v for v, _ in pairs]), captions

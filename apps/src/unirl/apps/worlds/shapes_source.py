@@ -8,6 +8,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from unirl.apps.loop import PromptRecord
+from unirl.apps.worlds.caption_noise import SFT_CAPTION_NOISE_FIELD, mislabel
 from unirl.apps.worlds.shapes import ShapesWorld, ShapesWorldConfig
 
 
@@ -35,13 +36,7 @@ class ShapesDataConfig(BaseModel):
         "above",
         "below",
     )
-    sft_caption_noise: float = Field(
-        default=0.0,
-        ge=0.0,
-        lt=1.0,
-        description="fraction of SFT examples whose caption is a random training caption instead of the "
-        "image's own (mislabelled data, as in scraped image-text pairs); RL and evaluation never see it",
-    )
+    sft_caption_noise: float = SFT_CAPTION_NOISE_FIELD
 
     def build(self) -> ShapesSource:
         world = ShapesWorld(ShapesWorldConfig(**self.model_dump(exclude={"kind", "sft_caption_noise"})))
@@ -54,7 +49,7 @@ class ShapesSource:
     def __init__(self, world: ShapesWorld, *, sft_caption_noise: float = 0.0) -> None:
         self.world = world
         self.sft_caption_noise = sft_caption_noise
-        self._train_captions = world.captions("train") if sft_caption_noise > 0 else []  # noise draws
+        self._train_captions = world.captions("train")  # the pool of the noise draws
 
     def _records(self, split: Literal["train", "held_out"]) -> list[PromptRecord]:
         return [PromptRecord(id=f"{split[0]}{i}", prompt=c) for i, c in enumerate(self.world.captions(split))]
@@ -77,13 +72,7 @@ class ShapesSource:
         only a reward that reads the image against the prompt can remove it.
         """
         ex = self.world.sample(n, seed=seed * 1_000_003 + step, split="train")
-        captions = [e.caption for e in ex]
-        if self.sft_caption_noise > 0:
-            rng = np.random.default_rng([seed, step, 0x5F7])
-            pool = self._train_captions
-            noisy = rng.random(n) < self.sft_caption_noise
-            picks = rng.integers(len(pool), size=n)
-            captions = [
-                pool[int(k)] if flip else c for c, flip, k in zip(captions, noisy, picks, strict=True)
-            ]
+        captions = mislabel(
+            [e.caption for e in ex], self._train_captions, self.sft_caption_noise, seed=seed, step=step
+        )
         return np.stack([e.image for e in ex]), captions
