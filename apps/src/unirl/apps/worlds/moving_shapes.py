@@ -124,6 +124,7 @@ class MovingShapesSource:
 
     def __init__(self, world: MovingShapesWorld) -> None:
         self.world = world
+        self._train_captions = world.captions("train")  # the pool of the noise draws
 
     def _records(self, split: Literal["train", "held_out"]) -> list[PromptRecord]:
         return [PromptRecord(id=f"{split[0]}{i}", prompt=c) for i, c in enumerate(self.world.captions(split))]
@@ -144,7 +145,7 @@ class MovingShapesSource:
         pairs = self.world.sample(n, seed=seed * 1_000_003 + step, split="train")
         captions = mislabel(
             [c for _, c in pairs],
-            self.world.captions("train"),
+            self._train_captions,
             self.world.config.sft_caption_noise,
             seed=seed,
             step=step,
