@@ -26,7 +26,7 @@ def test_layout_is_selected_by_overrides() -> None:
     lay = recipe(
         "layout.kind=ray", "layout.placement=separate", "layout.train_workers=2", "layout.sync=shm"
     ).layout
-    assert (lay.kind, lay.placement, lay.train_workers, lay.rollout_workers, lay.sync) == (
+    assert (lay.kind, lay.placement, lay.train_workers, lay.rollout_workers, lay.sync.kind) == (
         "ray", "separate", 2, 1, "shm"
     )  # fmt: skip
 

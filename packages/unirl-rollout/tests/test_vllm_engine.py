@@ -22,7 +22,7 @@ from unirl.rollout.engines import DedicatedRolloutEngine, RolloutEngine, Trainsi
 from unirl.rollout.engines.guards import LogProbParityError
 from unirl.rollout.engines.vllm_backends import free_port
 from unirl.rollout.engines.vllm_config import VLLMEngineConfig
-from unirl.rollout.engines.weights import module_weights, stamp_of
+from unirl.distributed.weightsync.engine import module_weights, stamp_of
 from unirl.types import ARSamplingParams, Sample, TextPrimitive, TextSegment
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -49,7 +49,7 @@ from unirl.rollout.ar.segments import ar_params, behavior_logprobs, fill_text_pa
 from unirl.rollout.ar.stopping import cut_at_stop_string
 from unirl.rollout.engines.guards import logprob_parity
 from unirl.rollout.engines.vllm_backends import Backend, Completion, Request
-from unirl.rollout.engines.weights import materialize
+from unirl.distributed.weightsync.engine import materialize
 from unirl.types import ARSamplingParams, Part, Sample, WeightStamp
 
 __all__ = ["LogprobsMode", "VLLMEngine", "check_logprobs_mode", "resolve_logprobs_mode"]
