@@ -31,7 +31,9 @@ from unirl.distributed.codec import TensorMeta, byte_view, from_bytes
 
 def encode(tensors: dict[str, torch.Tensor]) -> tuple[tuple[TensorMeta, ...], list[np.ndarray[Any, Any]]]:
     """Allow-listed metadata + one raw uint8 byte view per tensor (what travels out of band)."""
-    return tuple(TensorMeta.of(k, v) for k, v in tensors.items()), [byte_view(v).numpy() for v in tensors.values()]
+    return tuple(TensorMeta.of(k, v) for k, v in tensors.items()), [
+        byte_view(v).numpy() for v in tensors.values()
+    ]
 
 
 def decode(metas: tuple[TensorMeta, ...], buffers: list[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:

@@ -28,6 +28,9 @@ from unirl.distributed import (
 
 pytestmark = pytest.mark.slow
 
+SYNC_KIND = {"tensor_buckets": "buckets", "shared_memory": "shm", "broadcast": "broadcast"}
+"""The endpoint's ``kind`` -> the ``sync:`` kind that builds it."""
+
 
 def full_params(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
@@ -86,23 +89,16 @@ class Node:
 
     # weight plane
     def make_sync(self, kind: str, role: str, lora: bool = False) -> None:
-        """A fresh WeightSync; on the trainer only rank 0 is the source (the others gather)."""
-        from unirl.distributed.weightsync import (
-            BroadcastWeightSync,
-            LoraOnlySync,
-            RayBlobStore,
-            SharedMemoryWeightSync,
-            TensorBucketSync,
-        )
+        """A fresh endpoint built from its ``sync:`` config, as a run's workers build theirs; on the
+        trainer only rank 0 is the source (the others gather; broadcast: trainer rank 1 has no group)."""
+        from pydantic import TypeAdapter
 
+        from unirl.distributed.weightsync import Endpoint, LoraOnlySync, SyncConfig
+
+        cfg = TypeAdapter(SyncConfig).validate_python({"kind": SYNC_KIND[kind], "max_bucket_bytes": 600})
         source = role == "trainer" and self.info.rank == 0
-        kw: dict[str, Any] = {"name": f"{role}{self.info.rank}", "max_bucket_bytes": 600}
-        if kind == "tensor_buckets":
-            self.sync = TensorBucketSync(RayBlobStore(), is_source=source, **kw)
-        elif kind == "shared_memory":
-            self.sync = SharedMemoryWeightSync(is_source=source, **kw)
-        else:
-            self.sync = BroadcastWeightSync(self.group, **kw)  # trainer rank 1 has no group: gather-only
+        self.sync = cfg.build(Endpoint(f"{role}{self.info.rank}", is_source=source, group=self.group))
+        assert self.sync.kind == kind
         if lora:
             self.sync = LoraOnlySync(self.sync)
 

@@ -33,8 +33,8 @@ from unirl.distributed.codec import Checksum
 from unirl.distributed.errors import WeightSyncError
 from unirl.distributed.rank import RankInfo
 from unirl.distributed.weightsync import (
-    EngineWeightPlane,
     Endpoint,
+    EngineWeightPlane,
     LoraOnlySync,
     SyncAck,
     SyncConfig,

@@ -60,7 +60,9 @@ class ARTrainer(Trainer):
         self.weight_plane: EngineWeightPlane | None = None
         """The ``engine`` weight plane into a dedicated engine (None: trainside samples itself)."""
         if hasattr(self.engine, "update_weights"):
-            self.weight_plane = EngineSync().build(Endpoint("rollout engine", is_source=True, engine=self.engine))
+            self.weight_plane = EngineSync().build(
+                Endpoint("rollout engine", is_source=True, engine=self.engine)
+            )
         self.reward = RewardService.local(recipe.reward)
         alg = recipe.rl.algorithm if recipe.rl else None
         self.algorithm = alg.build() if alg is not None else None

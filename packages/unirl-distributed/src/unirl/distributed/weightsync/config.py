@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from unirl.distributed.weightsync.protocol import WeightSync
 
 __all__ = [
+    "SYNC_KINDS",
     "BroadcastSync",
     "BucketsSync",
     "CudaIpcSync",
@@ -38,7 +39,6 @@ __all__ = [
     "EngineSync",
     "ShmSync",
     "SyncConfig",
-    "SYNC_KINDS",
 ]
 
 SYNC_KINDS = ("broadcast", "buckets", "shm", "cuda_ipc", "engine")
@@ -119,7 +119,9 @@ class ShmSync(_Bucketed):
     def build(self, at: Endpoint) -> WeightSync:
         from unirl.distributed.weightsync.shm import SharedMemoryWeightSync
 
-        return SharedMemoryWeightSync(is_source=at.is_source, name=at.name, max_bucket_bytes=self.max_bucket_bytes)
+        return SharedMemoryWeightSync(
+            is_source=at.is_source, name=at.name, max_bucket_bytes=self.max_bucket_bytes
+        )
 
 
 class CudaIpcSync(_Bucketed):
@@ -159,7 +161,9 @@ class EngineSync(_Sync):
         from unirl.distributed.weightsync.engine import EngineWeightPlane
 
         if at.engine is None:
-            raise TypeError(f"{at.name}: sync kind 'engine' needs Endpoint(engine=...), the engine to push into")
+            raise TypeError(
+                f"{at.name}: sync kind 'engine' needs Endpoint(engine=...), the engine to push into"
+            )
         return EngineWeightPlane(at.engine, name=at.name)
 
 

@@ -68,7 +68,7 @@ def materialize(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, to
     seen: set[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = set()
     for n, t in named:
         t = full_tensor(t).detach().to("cpu").contiguous()
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        key = (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))
         if t.numel() and key in seen:
             continue
         seen.add(key)
@@ -95,7 +95,9 @@ def stamp_of(items: list[tuple[str, torch.Tensor]], version: int) -> WeightStamp
 class WeightEngine(Protocol):
     """What the engine plane pushes into: a dedicated engine's own verified weight update."""
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], stamp: WeightStamp) -> WeightStamp:
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], stamp: WeightStamp
+    ) -> WeightStamp:
         """Load ``named_tensors`` as ``stamp.version``; returns the stamp of what it loaded."""
         ...
 

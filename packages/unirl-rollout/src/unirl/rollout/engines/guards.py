@@ -16,7 +16,7 @@ is checked where it enters the trainer (CONVENTIONS: check every cross-process b
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
