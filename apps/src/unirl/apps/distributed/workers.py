@@ -87,15 +87,6 @@ def make_weight_sync(sync: SyncConfig, at: Endpoint) -> WeightSync:
     return plane
 
 
-def _join_group(sync: SyncConfig, addr: str, port: int, rank: int, world: int) -> Any:
-    """This process's place in the broadcast group (group rank 0: the trainer's source rank)."""
-    if not sync.streaming:
-        return None
-    from unirl.distributed.collective import StandaloneGroup
-
-    return StandaloneGroup("gloo", addr, port, rank, world, timeout_s=getattr(sync, "group_timeout_s", 300.0))
-
-
 class TrainWorker:
     """One data-parallel train rank: the domain trainer's backend, pipeline and algorithm."""
 
@@ -155,7 +146,7 @@ class TrainWorker:
     def setup_sync(self, sync: SyncConfig, addr: str = "", port: int = 0, world: int = 0) -> None:
         """Build this rank's weight-plane endpoint (rank 0 joins a broadcast group as its rank 0)."""
         source = self.info.rank == 0
-        group = _join_group(sync, addr, port, 0, world) if source else None
+        group = sync.join_group(addr, port, 0, world) if source else None
         self.sync = make_weight_sync(sync, Endpoint(f"train{self.info.rank}", is_source=source, group=group))
         if self.backend.config.lora is not None:  # same endpoint (and version gate), adapters only
             self.lora_sync = LoraOnlySync(self.sync)
@@ -277,7 +268,7 @@ class RolloutWorker:
 
     def setup_sync(self, sync: SyncConfig, addr: str = "", port: int = 0, world: int = 0) -> None:
         """Build this worker's receiving endpoint of ``layout.sync`` (group rank ``1 + rank``)."""
-        group = _join_group(sync, addr, port, 1 + self.info.rank, world)
+        group = sync.join_group(addr, port, 1 + self.info.rank, world)
         self.sync = make_weight_sync(sync, Endpoint(f"rollout{self.info.rank}", is_source=False, group=group))
 
     def _sink(self, got: set[str], allowed: set[str] | None = None) -> Any:

@@ -67,6 +67,10 @@ class _Sync(BaseModel):
     def check_layout(self, *, kind: str, device: str, placement: str) -> None:
         """Raise ValueError when this plane cannot run in that layout (default: anywhere)."""
 
+    def join_group(self, addr: str, port: int, rank: int, world: int) -> StandaloneGroup | None:
+        """This process's group of a streaming plane (rank 0: the trainer's source); None otherwise."""
+        return None
+
 
 class _Bucketed(_Sync):
     max_bucket_bytes: int = Field(
@@ -83,6 +87,12 @@ class BroadcastSync(_Bucketed):
     kind: Literal["broadcast"] = "broadcast"
     streaming: ClassVar[bool] = True
     group_timeout_s: float = Field(default=300.0, gt=0, description="deadline of one collective")
+
+    def join_group(self, addr: str, port: int, rank: int, world: int) -> StandaloneGroup:
+        """Join the gloo group of trainer rank 0 (group rank 0) and every rollout worker."""
+        from unirl.distributed.collective import StandaloneGroup
+
+        return StandaloneGroup("gloo", addr, port, rank, world, timeout_s=self.group_timeout_s)
 
     def check_layout(self, *, kind: str, device: str, placement: str) -> None:
         if kind == "ray" and placement == "colocate" and device == "gpu":
