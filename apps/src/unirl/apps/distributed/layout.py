@@ -42,8 +42,9 @@ class LayoutConfig(BaseModel):
         default_factory=BucketsSync,
         description="weight plane between the train and rollout workers (kind=ray): broadcast (gloo/NCCL "
         "group trainer rank 0 + rollout workers), buckets (safetensors through the Ray object store), shm "
-        "(CPU shared memory, one node) or cuda_ipc (GPU, colocate); 'engine' only in one process. A plain "
-        "kind name or {kind: ..., max_bucket_bytes: ...}. No effect with kind=single",
+        "(CPU shared memory, one node) or cuda_ipc (GPU, colocate). A plain kind name or {kind: ..., "
+        "max_bucket_bytes: ...}. No effect with kind=single, where a dedicated engine (vLLM, SGLang) always "
+        "gets the 'engine' plane (its own update_weights); 'engine' is refused with kind=ray",
     )
     device: Literal["cpu", "gpu"] = Field(default="cpu", description="what one slab 'device' is")
     cpus_per_device: float = Field(
