@@ -7,6 +7,11 @@ Each path moves a dict of rollout-sized tensors (latents, log-probs, token ids; 
 from a producer to a consumer and returns fresh, writable tensors; the result is checked equal.
 ``--ray`` also times both through the Ray object store (``ray.put`` in the driver, ``ray.get``).
 Prints the median of 5 round trips per path and the ratio.
+
+``unirl.distributed.transport`` (whose ``ObjectStoreTransport`` this timed) was removed with issue
+26 item 1: nothing in the runs used it. ``encode`` / ``decode`` below are its put / get steps,
+kept here on the same ``unirl.distributed.codec`` primitives so the recorded numbers stay
+reproducible.
 """
 
 from __future__ import annotations
@@ -15,11 +20,30 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load, save
 
-from unirl.distributed.transport import InProcessTransport, ObjectStoreTransport
+from unirl.distributed.codec import TensorMeta, byte_view, from_bytes
+
+
+def encode(tensors: dict[str, torch.Tensor]) -> tuple[tuple[TensorMeta, ...], list[np.ndarray[Any, Any]]]:
+    """Allow-listed metadata + one raw uint8 byte view per tensor (what travels out of band)."""
+    return tuple(TensorMeta.of(k, v) for k, v in tensors.items()), [
+        byte_view(v).numpy() for v in tensors.values()
+    ]
+
+
+def decode(metas: tuple[TensorMeta, ...], buffers: list[np.ndarray[Any, Any]]) -> dict[str, torch.Tensor]:
+    """Fresh, writable tensors (the store's arrays are read-only views: copied once)."""
+    return {m.name: from_bytes(torch.from_numpy(a.copy()), m) for m, a in zip(metas, buffers)}
+
+
+def in_process(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    metas, buffers = encode(tensors)
+    return decode(metas, [b.copy() for b in buffers])  # the in-process store kept copies
 
 
 def payload() -> dict[str, torch.Tensor]:
@@ -45,9 +69,8 @@ def median_s(fn: Callable[[], dict[str, torch.Tensor]], ref: dict[str, torch.Ten
 def main() -> None:
     tensors = payload()
     mb = sum(t.numel() * t.element_size() for t in tensors.values()) / 2**20
-    store = InProcessTransport()
     rows = {
-        "ours, in process": median_s(lambda: store.get(store.put(tensors)), tensors),
+        "ours, in process": median_s(lambda: in_process(tensors), tensors),
         "safetensors bytes, in process": median_s(lambda: load(save(tensors)), tensors),
     }
     if "--ray" in sys.argv:
@@ -55,8 +78,11 @@ def main() -> None:
 
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
 
-        ray_store = ObjectStoreTransport()
-        rows["ours, Ray object store"] = median_s(lambda: ray_store.get(ray_store.put(tensors)), tensors)
+        def ours_ray() -> dict[str, torch.Tensor]:
+            metas, buffers = encode(tensors)
+            return decode(metas, ray.get(ray.put(buffers)))
+
+        rows["ours, Ray object store"] = median_s(ours_ray, tensors)
         rows["safetensors bytes, Ray object store"] = median_s(
             lambda: load(ray.get(ray.put(save(tensors)))), tensors
         )

@@ -26,7 +26,7 @@ def test_layout_is_selected_by_overrides() -> None:
     lay = recipe(
         "layout.kind=ray", "layout.placement=separate", "layout.train_workers=2", "layout.sync=shm"
     ).layout
-    assert (lay.kind, lay.placement, lay.train_workers, lay.rollout_workers, lay.sync) == (
+    assert (lay.kind, lay.placement, lay.train_workers, lay.rollout_workers, lay.sync.kind) == (
         "ray", "separate", 2, 1, "shm"
     )  # fmt: skip
 
@@ -71,3 +71,33 @@ def test_readme_layout_example_is_valid() -> None:
     )
     assert (r.layout.kind, r.layout.train_workers, r.checkpoint_format) == ("ray", 2, "sharded")
     check_layout(r, r.layout)
+
+
+def test_sync_accepts_the_plain_kind_and_a_mapping_with_options() -> None:
+    """``layout.sync: buckets`` (shipped recipes, user configs) and ``{kind: ..., options}`` both load."""
+    from unirl.distributed.weightsync import BucketsSync, ShmSync
+
+    assert recipe("layout.kind=ray", "layout.sync=buckets").layout.sync == BucketsSync()
+    lay = recipe("layout.kind=ray", "layout.sync.kind=shm", "layout.sync.max_bucket_bytes=4096").layout
+    assert lay.sync == ShmSync(max_bucket_bytes=4096)
+    with pytest.raises(ValueError, match="layout.sync"):
+        recipe("layout.kind=ray", "layout.sync=nccl")
+
+
+def test_cuda_ipc_is_selectable_on_gpu_colocate_and_refused_elsewhere() -> None:
+    from unirl.apps.distributed.workers import make_weight_sync
+    from unirl.distributed.weightsync import CudaIpcWeightSync, Endpoint, EngineSync
+
+    lay = LayoutConfig(kind="ray", device="gpu", placement="colocate", sync="cuda_ipc")  # type: ignore[arg-type]  # coerced
+    assert lay.sync.kind == "cuda_ipc" and not lay.sync.streaming
+    # the workers' selection path (the CUDA copy itself runs only in the gpu-marked tests)
+    sync = make_weight_sync(lay.sync, Endpoint("rollout0", is_source=False))
+    assert isinstance(sync, CudaIpcWeightSync) and not sync.is_source
+    with pytest.raises(ValidationError, match=r"layout.sync='cuda_ipc' with layout.device='cpu'"):
+        LayoutConfig(kind="ray", device="cpu", sync="cuda_ipc")  # type: ignore[arg-type]  # coerced
+    with pytest.raises(ValidationError, match=r"layout.placement='separate'.*placement='colocate'"):
+        LayoutConfig(kind="ray", device="gpu", placement="separate", sync="cuda_ipc")  # type: ignore[arg-type]  # coerced
+    with pytest.raises(ValidationError, match=r"layout.sync='engine' with layout.kind='ray'"):
+        LayoutConfig(kind="ray", sync="engine")  # type: ignore[arg-type]  # coerced
+    with pytest.raises(TypeError, match="cannot move weights between Ray workers"):
+        make_weight_sync(EngineSync(), Endpoint("rollout0", is_source=False, engine=object()))  # type: ignore[arg-type]  # never called

@@ -44,7 +44,7 @@ def test_adapter_only_sync_loads_exactly_the_adapters() -> None:
     trained = {n: torch.randn_like(p) for n, p in rollout.params.items()}
     base_before = {n: p.clone() for n, p in rollout.params.items() if n not in rollout.adapters}
 
-    ticket = LoraOnlySync(source).send(list(trained.items()), 1)
+    ticket = LoraOnlySync(source).push(list(trained.items()), 1)
     ack = rollout.pull_adapters(ticket)
     source.confirm(ticket, [ack], 1)  # the acked checksum is the trainer's
     assert ack.version == 1 and ack.num_tensors == 4 and rollout.weight_version() == 1
@@ -58,14 +58,14 @@ def test_adapter_only_sync_loads_exactly_the_adapters() -> None:
         ([(base, trained[base])], f"unknown parameter '{base}' in an adapter-only sync"),
     ]
     for version, (tensors, message) in enumerate(bad, start=2):
-        ticket = source.send(tensors, version)
+        ticket = source.push(tensors, version)
         with pytest.raises(WeightSyncError, match=message):
             rollout.pull_adapters(ticket)
         with pytest.raises(WeightSyncError, match="0 acks for 1 receivers"):
             source.confirm(ticket, [], 1)  # no ack: the trainer side fails too (and frees the payload)
     assert rollout.weight_version() == 1  # neither bad sync is served
     with pytest.raises(EmptyWeightSyncError, match="LoRA is bound to zero modules"):
-        LoraOnlySync(source).send([(base, trained[base])], 4)
+        LoraOnlySync(source).push([(base, trained[base])], 4)
 
 
 def test_lora_bound_to_no_module_fails_before_any_sync() -> None:

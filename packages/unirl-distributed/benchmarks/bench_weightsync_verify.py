@@ -59,7 +59,7 @@ def one_sync_s(kind: str, params: list[tuple[str, torch.Tensor]], repeats: int, 
     version = iter(range(1, 1_000_000))
 
     def one() -> None:
-        ticket = sender.send(params, next(version))
+        ticket = sender.push(params, next(version))
         got: dict[str, torch.Tensor] = {}
         sender.confirm(ticket, [receiver.receive(ticket, got.update)], 1)
 

@@ -44,14 +44,14 @@ def test_cuda_ipc_sync_to_another_process_is_bit_exact_and_verified() -> None:
 
     sender = CudaIpcWeightSync(max_bucket_bytes=64 * 1024)
     params = cuda_params()
-    ticket = sender.send(params, version=1)
+    ticket = sender.push(params, version=1)
     assert [len(b) for b in ticket.buckets] == [1, 2]  # 128 KiB alone, then 256 + 2 KiB
     status, ack, got_sum = run_child(ticket)
     assert status == "ok", ack
     assert got_sum == checksum((n, t.cpu()) for n, t in params)
     sender.confirm(ticket, [ack], 1)  # type: ignore[list-item]  # ack is a SyncAck from the child
 
-    ticket2 = sender.send(params, version=2)
+    ticket2 = sender.push(params, version=2)
     next(iter(sender._buffers.values()))[5] ^= 0xFF  # corrupt the shared CUDA buffer of bucket 0
     torch.cuda.synchronize()
     status, err, _ = run_child(ticket2)

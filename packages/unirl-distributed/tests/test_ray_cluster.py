@@ -1,5 +1,5 @@
-"""Multi-process tests on a local Ray cluster: placement, gloo inside Remotes, failures, data plane,
-weight plane. Workers are reused across the module (starting torch workers is the slow part)."""
+"""Multi-process tests on a local Ray cluster: placement, gloo inside Remotes, failures, the weight
+plane. Workers are reused across the module (starting torch workers is the slow part)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ from unirl.distributed import (
 )
 
 pytestmark = pytest.mark.slow
+
+SYNC_KIND = {"tensor_buckets": "buckets", "shared_memory": "shm", "broadcast": "broadcast"}
+"""The endpoint's ``kind`` -> the ``sync:`` kind that builds it."""
 
 
 def full_params(seed: int) -> dict[str, torch.Tensor]:
@@ -84,68 +87,18 @@ class Node:
         if self.group is None:
             self.group = StandaloneGroup("gloo", addr, port, offset + self.info.rank, world, timeout_s=60)
 
-    # data plane
-    def put(self, seed: int) -> Any:
-        from unirl.distributed import ObjectStoreTransport
-
-        return ObjectStoreTransport().put(full_params(seed))
-
-    def get(self, handle: Any) -> dict[str, torch.Tensor]:
-        from unirl.distributed import ObjectStoreTransport
-
-        return ObjectStoreTransport().get(handle)
-
-    def put_samples(self, n: int) -> Any:
-        from unirl.distributed import SampleTransport
-        from unirl.types import Part as P
-        from unirl.types import Reward, Sample, TextPrimitive, TextSegment
-
-        seg = TextSegment(prompt_ids=[1, 2, 3], response_ids=[4, 5], log_probs=torch.zeros(2))
-        samples = [
-            Sample(
-                id=f"s{i}",
-                group_id="g",
-                inputs=[TextPrimitive(text="1+1=")],
-                parts=[P(name="ar", segment=seg, reward=Reward(total=float(i), components={}))],
-            )
-            for i in range(n)
-        ]
-        return SampleTransport().put(samples)
-
-    def sample_rewards(self, handle: Any) -> list[float]:
-        from unirl.distributed import SampleTransport
-
-        return [s.parts[0].reward.total for s in SampleTransport().get(handle)]
-
-    def p2p_send(self, seed: int, dst: int) -> None:
-        from unirl.distributed import P2PTransport
-
-        P2PTransport(self.group).send(full_params(seed), dst)
-
-    def p2p_recv(self, src: int, me: int) -> dict[str, torch.Tensor]:
-        from unirl.distributed import P2PTransport
-
-        return P2PTransport(self.group).recv(src) if self.group.rank == me else {}
-
     # weight plane
     def make_sync(self, kind: str, role: str, lora: bool = False) -> None:
-        """A fresh WeightSync; on the trainer only rank 0 is the source (the others gather)."""
-        from unirl.distributed.weightsync import (
-            BroadcastWeightSync,
-            LoraOnlySync,
-            RayBlobStore,
-            SharedMemoryWeightSync,
-            TensorBucketSync,
-        )
+        """A fresh endpoint built from its ``sync:`` config, as a run's workers build theirs; on the
+        trainer only rank 0 is the source (the others gather; broadcast: trainer rank 1 has no group)."""
+        from pydantic import TypeAdapter
 
+        from unirl.distributed.weightsync import Endpoint, LoraOnlySync, SyncConfig
+
+        cfg = TypeAdapter(SyncConfig).validate_python({"kind": SYNC_KIND[kind], "max_bucket_bytes": 600})
         source = role == "trainer" and self.info.rank == 0
-        kw: dict[str, Any] = {"name": f"{role}{self.info.rank}", "max_bucket_bytes": 600}
-        if kind == "tensor_buckets":
-            self.sync = TensorBucketSync(RayBlobStore(), is_source=source, **kw)
-        elif kind == "shared_memory":
-            self.sync = SharedMemoryWeightSync(is_source=source, **kw)
-        else:
-            self.sync = BroadcastWeightSync(self.group, **kw)  # trainer rank 1 has no group: gather-only
+        self.sync = cfg.build(Endpoint(f"{role}{self.info.rank}", is_source=source, group=self.group))
+        assert self.sync.kind == kind
         if lora:
             self.sync = LoraOnlySync(self.sync)
 
@@ -160,7 +113,7 @@ class Node:
 
         mesh = init_device_mesh("cpu", (self.info.world_size,))
         sharded = [(n, distribute_tensor(t, mesh, [Shard(0)])) for n, t in full_params(seed).items()]
-        return self.sync.send(sharded, version)
+        return self.sync.push(sharded, version)
 
     def pull(self, ticket: Any) -> Any:
         self.received = {}
@@ -238,29 +191,6 @@ def test_too_few_devices_fails_before_any_worker_starts(ray_cluster: Any) -> Non
 def test_gloo_all_reduce_inside_remote_workers(remotes: dict[str, Any]) -> None:
     # ranks contribute 1 and 2 -> both see 3
     assert remotes["trainer"].call_all(Node.allreduce) == [(3.0, 0, 2), (3.0, 1, 2)]
-
-
-def test_object_store_transport_driver_holds_handles_only(remotes: dict[str, Any]) -> None:
-    import ray
-
-    handle = remotes["trainer"].call_rank0(Node.put, 3)
-    assert isinstance(handle.ref, ray.ObjectRef) and handle.nbytes == 16 * 8 * 4 + 32 * 4 + 32 * 2 + 6 * 2
-    got = remotes["engine"].call_all(Node.get, handle)
-    for g in got:
-        assert_bit_exact(g, full_params(3))
-    samples = remotes["trainer"].call_rank0(Node.put_samples, 3)
-    assert isinstance(samples.ref, ray.ObjectRef) and samples.count == 3
-    assert remotes["engine"].call_all(Node.sample_rewards, samples) == [[0.0, 1.0, 2.0]] * 2
-
-
-def test_p2p_send_recv_across_remotes(remotes: dict[str, Any]) -> None:
-    trainer, engine = remotes["trainer"], remotes["engine"]
-    join_group(trainer, engine)
-    fut = trainer.call_rank0_async(Node.p2p_send, 5, 2)  # to group rank 2 = engine rank 1
-    got = engine.call_all(Node.p2p_recv, 0, 2)
-    fut.result(timeout=60)
-    assert got[0] == {}
-    assert_bit_exact(got[1], full_params(5))
 
 
 def test_kill_mid_call_surfaces_worker_died_quickly(ray_cluster: Any, tmp_path: Path) -> None:

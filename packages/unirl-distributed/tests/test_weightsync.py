@@ -97,13 +97,13 @@ class Harness:
         sender = sender or self.sender
         got: dict[str, torch.Tensor] = {}
         if self.streaming:
-            fut = self.pool.submit(sender.send, params, version)
+            fut = self.pool.submit(sender.push, params, version)
             try:
                 ack = self.receiver.receive(None, got.update)
             finally:
                 ticket = fut.result(timeout=30)
         else:
-            ticket = sender.send(params, version)
+            ticket = sender.push(params, version)
             if before_receive is not None:
                 before_receive(ticket)
             ack = self.receiver.receive(ticket, got.update)
@@ -200,21 +200,21 @@ class TestWeightSyncContract:
     def test_sender_rejects_non_increasing_versions_before_sending(self, harness: Harness) -> None:
         harness.sync(model_params(), version=5)
         if harness.streaming:
-            fut = harness.pool.submit(harness.sender.send, model_params(), 5)
+            fut = harness.pool.submit(harness.sender.push, model_params(), 5)
             with pytest.raises(WeightSyncError, match="sender aborted this sync: StaleWeightVersionError"):
                 harness.receiver.receive(None, lambda b: None)
             with pytest.raises(StaleWeightVersionError, match="weights sender"):
                 fut.result(timeout=30)
             return
         with pytest.raises(StaleWeightVersionError, match="weights sender"):
-            harness.sender.send(model_params(), 5)
+            harness.sender.push(model_params(), 5)
 
     def test_flipped_byte_is_detected_and_bucket_not_loaded(self, harness: Harness) -> None:
         params = model_params()
         loaded: list[str] = []
         if harness.streaming:
             harness.corrupt(harness.sender, None)  # type: ignore[arg-type]  # broadcast flips in flight
-            fut = harness.pool.submit(harness.sender.send, params, 1)
+            fut = harness.pool.submit(harness.sender.push, params, 1)
             with pytest.raises(WeightSyncError, match="checksum .* != trainer's"):
                 harness.receiver.receive(None, lambda b: loaded.extend(b))
             fut.result(timeout=30)
@@ -226,14 +226,14 @@ class TestWeightSyncContract:
 
     def test_empty_sync_fails_loudly(self, harness: Harness) -> None:
         if harness.streaming:  # the receivers learn it from the stream and fail too, no timeout
-            fut = harness.pool.submit(harness.sender.send, [], 1)
+            fut = harness.pool.submit(harness.sender.push, [], 1)
             with pytest.raises(WeightSyncError, match="sender aborted this sync: EmptyWeightSyncError"):
                 harness.receiver.receive(None, lambda b: None)
             with pytest.raises(EmptyWeightSyncError, match="zero tensors"):
                 fut.result(timeout=30)
             return
         with pytest.raises(EmptyWeightSyncError, match="zero tensors"):
-            harness.sender.send([], 1)
+            harness.sender.push([], 1)
 
     def test_confirm_detects_missing_and_mismatched_acks(self, harness: Harness) -> None:
         ticket, ack, _ = harness.sync(model_params(), version=1)
@@ -248,9 +248,9 @@ def test_skipped_version_rejected_when_consecutive_required() -> None:
     store = InProcessBlobStore()
     sender = TensorBucketSync(store)
     receiver = TensorBucketSync(store, require_consecutive=True)
-    receiver.receive(sender.send(model_params(), 1), lambda b: None)
+    receiver.receive(sender.push(model_params(), 1), lambda b: None)
     with pytest.raises(WeightSyncError, match="skips 2..2"):
-        receiver.receive(sender.send(model_params(), 3), lambda b: None)
+        receiver.receive(sender.push(model_params(), 3), lambda b: None)
 
 
 def test_lora_only_ships_adapters_and_refuses_zero_adapters() -> None:
@@ -262,10 +262,10 @@ def test_lora_only_ships_adapters_and_refuses_zero_adapters() -> None:
         ("q.lora_B.default.weight", torch.zeros(4, 2)),
     ]
     got: dict[str, torch.Tensor] = {}
-    ack = receiver.receive(sender.send(params, 1), got.update)
+    ack = receiver.receive(sender.push(params, 1), got.update)
     assert sorted(got) == ["q.lora_A.default.weight", "q.lora_B.default.weight"] and ack.num_tensors == 2
     with pytest.raises(EmptyWeightSyncError, match="LoRA is bound to zero modules"):
-        sender.send(params[:1], 2)
+        sender.push(params[:1], 2)
 
 
 def test_plan_buckets_worked_example() -> None:
@@ -275,7 +275,7 @@ def test_plan_buckets_worked_example() -> None:
 
 def test_receiver_refuses_wrong_kind_and_missing_ticket() -> None:
     store = InProcessBlobStore()
-    ticket = TensorBucketSync(store).send(model_params(), 1)
+    ticket = TensorBucketSync(store).push(model_params(), 1)
     with pytest.raises(TypeError, match="'tensor_buckets' ticket was given to a 'shared_memory'"):
         SharedMemoryWeightSync().receive(ticket, lambda b: None)
     with pytest.raises(TypeError, match="needs the sender's ticket"):
@@ -285,7 +285,7 @@ def test_receiver_refuses_wrong_kind_and_missing_ticket() -> None:
 def test_verify_off_skips_checksums() -> None:
     store = InProcessBlobStore()
     sender, receiver = TensorBucketSync(store, verify=False), TensorBucketSync(store, verify=False)
-    ticket = sender.send(model_params(), 1)
+    ticket = sender.push(model_params(), 1)
     assert ticket.bucket_checksums == ("",)
     assert receiver.receive(ticket, lambda b: None).version == 1
 
@@ -303,7 +303,7 @@ def test_tied_and_view_sharing_params_round_trip_through_buckets() -> None:
     fused = torch.randn(6, 3)
     params = [("embed.weight", emb), ("lm_head.weight", emb), ("q", fused[:3]), ("k", fused[3:])]
     got: dict[str, torch.Tensor] = {}
-    receiver.receive(sender.send(params, 1), got.update)
+    receiver.receive(sender.push(params, 1), got.update)
     for name, t in params:
         assert torch.equal(got[name], t), name
 
@@ -312,7 +312,7 @@ def test_malformed_ticket_is_rejected() -> None:
     import dataclasses
 
     store = InProcessBlobStore()
-    ticket = TensorBucketSync(store, max_bucket_bytes=256).send(model_params(), 1)
+    ticket = TensorBucketSync(store, max_bucket_bytes=256).push(model_params(), 1)
     bad = dataclasses.replace(ticket, payload=ticket.payload[:1])
     with pytest.raises(WeightSyncError, match="malformed ticket v1: 3 buckets, 3 checksums, 1 payload refs"):
         TensorBucketSync(store).receive(bad, lambda b: None)
@@ -323,7 +323,7 @@ class _Trainer:
         self.sync = TensorBucketSync(store, is_source=info.rank == 0, max_bucket_bytes=256)
 
     def push(self, version: int) -> SyncTicket:
-        return self.sync.send(model_params(), version)
+        return self.sync.push(model_params(), version)
 
     def confirm(self, ticket: SyncTicket, acks: list[SyncAck], n: int) -> None:
         self.sync.confirm(ticket, acks, n)

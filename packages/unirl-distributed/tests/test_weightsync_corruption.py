@@ -115,7 +115,7 @@ def _loaded_exactly(got: dict[str, torch.Tensor], ticket: SyncTicket, first_n_bu
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_one_flipped_bit_is_detected(pair: Pair, seed: int) -> None:
-    ticket = pair.sender.send(params(), 1)
+    ticket = pair.sender.push(params(), 1)
     assert len(ticket.buckets) >= 4
     rng = random.Random(seed)
     i = rng.randrange(len(ticket.buckets))
@@ -131,7 +131,7 @@ def test_one_flipped_bit_is_detected(pair: Pair, seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(10))
 def test_bucket_dropped_from_ticket_is_detected_before_loading(pair: Pair, seed: int) -> None:
-    ticket = pair.sender.send(params(), 1)
+    ticket = pair.sender.push(params(), 1)
     i = random.Random(seed).randrange(len(ticket.buckets))
 
     def without(xs: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -153,7 +153,7 @@ def test_bucket_dropped_from_ticket_is_detected_before_loading(pair: Pair, seed:
 
 @pytest.mark.parametrize("seed", range(10))
 def test_bucket_lost_in_transit_is_detected(pair: Pair, seed: int) -> None:
-    ticket = pair.sender.send(params(), 1)
+    ticket = pair.sender.push(params(), 1)
     i = random.Random(seed).randrange(len(ticket.buckets))
     pair.lose_bucket(ticket, i)
     got: dict[str, torch.Tensor] = {}
@@ -167,10 +167,10 @@ def test_bucket_lost_in_transit_is_detected(pair: Pair, seed: int) -> None:
 def test_stale_or_repeated_version_is_rejected(pair: Pair, seed: int) -> None:
     rng = random.Random(seed)
     accepted = rng.randrange(1, 100)
-    pair.receiver.receive(pair.sender.send(params(), accepted), lambda b: None)
+    pair.receiver.receive(pair.sender.push(params(), accepted), lambda b: None)
     old = rng.randrange(0, accepted + 1)  # accepted itself: a repeat
     pair.sender.sent.last = None  # a sender restarted without its version state
-    ticket = pair.sender.send(params(), old)
+    ticket = pair.sender.push(params(), old)
     kind = "repeated" if old == accepted else "stale"
     got: dict[str, torch.Tensor] = {}
     with pytest.raises(
@@ -182,7 +182,7 @@ def test_stale_or_repeated_version_is_rejected(pair: Pair, seed: int) -> None:
 
 def test_control_untouched_sync_loads_everything(pair: Pair) -> None:
     """The sweep's baseline: the same sync without a fault is accepted, every bucket bit-exact."""
-    ticket = pair.sender.send(params(), 1)
+    ticket = pair.sender.push(params(), 1)
     got: dict[str, torch.Tensor] = {}
     assert pair.receiver.receive(ticket, got.update).version == 1
     _loaded_exactly(got, ticket, len(ticket.buckets))

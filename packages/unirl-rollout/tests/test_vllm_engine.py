@@ -17,12 +17,12 @@ import torch
 pytest.importorskip("vllm")
 
 from unirl.distributed.errors import StaleWeightVersionError, WeightSyncError
+from unirl.distributed.weightsync.engine import module_weights, stamp_of
 from unirl.rollout.ar import ARPipeline, CausalLMBundle
 from unirl.rollout.engines import DedicatedRolloutEngine, RolloutEngine, TrainsideEngine
 from unirl.rollout.engines.guards import LogProbParityError
 from unirl.rollout.engines.vllm_backends import free_port
 from unirl.rollout.engines.vllm_config import VLLMEngineConfig
-from unirl.rollout.engines.weights import module_weights, stamp_of
 from unirl.types import ARSamplingParams, Sample, TextPrimitive, TextSegment
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -80,7 +80,7 @@ class LocalRolloutSide:
         from unirl.apps.distributed.workers import policy_tensors
 
         t = self.trainer
-        with t.backend.ema_weights() if t.ema_rollout else nullcontext():
+        with t.rollout_weights():
             self.mailbox.publish(version, t.backend.global_step, policy_tensors(t.backend))
 
     def refresh(self, min_version: int) -> int:

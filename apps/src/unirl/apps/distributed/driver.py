@@ -117,16 +117,17 @@ class DistributedRL(Trainer):
             raise
 
     def _setup_sync(self) -> None:
-        kind = self.layout.sync
-        if kind == "broadcast":  # group: trainer rank 0 (group rank 0) + every rollout worker
+        """Every worker builds its endpoint of ``layout.sync`` (the config travels, not a name)."""
+        sync = self.layout.sync
+        if sync.streaming:  # broadcast group: trainer rank 0 (group rank 0) + every rollout worker
             addr, port = self.train.call_rank0(TrainWorker.master)
             world = 1 + self.rollout_remote.world_size
-            fut = self.train.call_all_async(TrainWorker.setup_sync, kind, addr, port, world)
-            self.rollout_remote.call_all(RolloutWorker.setup_sync, kind, addr, port, world)
+            fut = self.train.call_all_async(TrainWorker.setup_sync, sync, addr, port, world)
+            self.rollout_remote.call_all(RolloutWorker.setup_sync, sync, addr, port, world)
             fut.result(self.layout.call_timeout_s)
         else:
-            self.train.call_all(TrainWorker.setup_sync, kind)
-            self.rollout_remote.call_all(RolloutWorker.setup_sync, kind)
+            self.train.call_all(TrainWorker.setup_sync, sync)
+            self.rollout_remote.call_all(RolloutWorker.setup_sync, sync)
 
     def _release_slabs(self) -> None:
         for slab in {id(s): s for s in self.slabs.values()}.values():
@@ -163,7 +164,7 @@ class DistributedRL(Trainer):
             pull=RolloutWorker.pull_adapters if adapters_only else RolloutWorker.pull,
             confirm=TrainWorker.confirm,
             version=version,
-            streaming=self.layout.sync == "broadcast",
+            streaming=self.layout.sync.streaming,
             timeout_s=self.layout.call_timeout_s,
         )
         check: dict[str, Any] = {

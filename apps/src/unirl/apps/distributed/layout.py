@@ -3,12 +3,15 @@
 A recipe switches layout by config only::
 
     layout: {kind: ray, placement: colocate, train_workers: 2, rollout_workers: 1, sync: buckets}
+    layout: {kind: ray, device: gpu, sync: {kind: cuda_ipc, max_bucket_bytes: 134217728}}
 
 ``train_workers`` data-parallel FSDP2 ranks (gloo on CPU, NCCL on GPU) train; ``rollout_workers``
 hold a trainside copy of the pipeline and receive the trained weights through the weight plane
-(with ``backend.lora``: the base weights once, then only the adapter tensors). With
-``rollout.engine.kind: vllm`` each rollout worker samples with its own vLLM engine and pushes
-every received version into it (verified); LoRA with vLLM is rejected by the AR recipe itself.
+(with ``backend.lora``: the base weights once, then only the adapter tensors). ``sync`` is the
+weight plane (``unirl.distributed.weightsync.config``: broadcast | buckets | shm | cuda_ipc |
+engine; a plain kind name or a mapping with that kind's options). With ``rollout.engine.kind:
+vllm`` each rollout worker samples with its own vLLM engine and pushes every received version into
+it through the ``engine`` plane (verified); LoRA with vLLM is rejected by the AR recipe itself.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from unirl.distributed.weightsync.config import BucketsSync, SyncConfig
 
 __all__ = ["LayoutConfig", "check_layout"]
 
@@ -33,10 +38,13 @@ class LayoutConfig(BaseModel):
     )
     train_workers: int = Field(default=1, ge=1, description="data-parallel train ranks (FSDP2 world size)")
     rollout_workers: int = Field(default=1, ge=1, description="rollout workers (samples are split over them)")
-    sync: Literal["broadcast", "buckets", "shm"] = Field(
-        default="buckets",
-        description="weight plane: collective broadcast (gloo/NCCL group trainer rank 0 + rollout workers), "
-        "safetensors buckets through the Ray object store, or CPU shared memory (one node)",
+    sync: SyncConfig = Field(
+        default_factory=BucketsSync,
+        description="weight plane between the train and rollout workers (kind=ray): broadcast (gloo/NCCL "
+        "group trainer rank 0 + rollout workers), buckets (safetensors through the Ray object store), shm "
+        "(CPU shared memory, one node) or cuda_ipc (GPU, colocate). A plain kind name or {kind: ..., "
+        "max_bucket_bytes: ...}. No effect with kind=single, where a dedicated engine (vLLM, SGLang) always "
+        "gets the 'engine' plane (its own update_weights); 'engine' is refused with kind=ray",
     )
     device: Literal["cpu", "gpu"] = Field(default="cpu", description="what one slab 'device' is")
     cpus_per_device: float = Field(
@@ -56,18 +64,8 @@ class LayoutConfig(BaseModel):
     call_timeout_s: float = Field(default=600.0, gt=0, description="deadline of one worker call")
 
     @model_validator(mode="after")
-    def _sizes(self) -> LayoutConfig:
-        if (
-            self.kind == "ray"
-            and self.sync == "broadcast"
-            and self.placement == "colocate"
-            and self.device == "gpu"
-        ):
-            # NCCL cannot broadcast between two processes bound to the same GPU
-            raise ValueError(
-                "layout.sync='broadcast' with placement='colocate' on GPU puts sender and receiver on "
-                "one device (NCCL refuses); use sync='buckets' or placement='separate'"
-            )
+    def _sync_fits(self) -> LayoutConfig:
+        self.sync.check_layout(kind=self.kind, device=self.device, placement=self.placement)
         return self
 
 

@@ -4,9 +4,10 @@ It is a :class:`RolloutWorker` (same weight-plane endpoint, same sink that loads
 into the worker's trainside copy of the model) whose sampler is a ``VLLMEngine`` started from
 that copy's initial weights. After each sync the copy holds the trainer's weights exactly (every
 bucket checksummed by the weight plane, every parameter required); the worker then hands the
-copy's parameters (Hugging Face names, a tied head once) to ``engine.update_weights``, which
-checks the bytes vLLM loaded against their stamp, that vLLM's own parameters changed, and that
-a canary sequence scores the same in vLLM and in the copy. The copy is also the engine's parity
+copy's parameters (Hugging Face names, a tied head once) to vLLM through the ``engine`` weight
+plane (``EngineWeightPlane``: ``engine.update_weights``, which checks the bytes vLLM loaded
+against their stamp, that vLLM's own parameters changed, and that a canary sequence scores the
+same in vLLM and in the copy). The copy is also the engine's parity
 ``reference``: each rollout's vLLM log-probs are compared with its replay (``parity_bound``).
 
 vLLM runs in the actor's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the ``uni``
@@ -23,9 +24,7 @@ from typing import Any
 
 from unirl.apps.distributed.workers import RolloutWorker
 from unirl.distributed.rank import RankInfo
-from unirl.distributed.weightsync import SyncAck
-from unirl.rollout.engines.guards import check_weight_stamp
-from unirl.rollout.engines.weights import module_weights, stamp_of
+from unirl.distributed.weightsync import Endpoint, EngineSync, SyncAck, module_weights, stamp_of
 from unirl.types import Sample
 
 __all__ = ["VLLMRolloutWorker"]
@@ -50,6 +49,9 @@ class VLLMRolloutWorker(RolloutWorker):
             weight_version=-1,
             weight_checksum=initial.checksum,
         )
+        self.engine_plane = EngineSync().build(
+            Endpoint(f"rollout{info.rank} vLLM engine", is_source=True, engine=self.engine)
+        )
         self.last_sync: dict[str, Any] | None = None
 
     def generate(self, samples: list[Sample]) -> list[Sample]:
@@ -62,14 +64,11 @@ class VLLMRolloutWorker(RolloutWorker):
 
     def _publish(self, ack: SyncAck) -> None:
         """Push the copy's freshly loaded weights into vLLM as ``ack.version`` (verified there)."""
-        items = module_weights(self.module)
-        stamp = stamp_of(items, ack.version)
-        got = self.engine.update_weights(items, stamp)
-        check_weight_stamp(got, stamp, f"rollout{self.info.rank} vLLM engine")
+        ticket = self.engine_plane.push(self.module.named_parameters(), ack.version)
         self.last_sync = {
-            "version": got.version,
-            "checksum": got.checksum,
-            "tensors": got.num_tensors,
+            "version": ticket.version,
+            "checksum": ticket.checksum,
+            "tensors": ticket.num_tensors,
             "canary_gap": self.engine.last_canary_gap,
         }
 

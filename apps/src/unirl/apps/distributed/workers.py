@@ -4,7 +4,7 @@
   ``DiffusionTrainer``) inside the Remote's torch.distributed group, so its backend (FSDP2, or
   megatron-core with every rank data parallel) spans every train rank; it trains the shard the
   driver scatters to it and sends weights (rank 0 is the weight-plane source; the other ranks
-  take part in the gathers).
+  take part in the gathers) through the ``layout.sync`` plane it builds.
 - :class:`RolloutWorker`: a trainside copy of the domain pipeline (bundle + pipeline + engine, no
   optimizer) that samples and receives the trained weights through the weight plane. With
   ``rollout.engine.kind: vllm`` its subclass ``VLLMRolloutWorker`` (vllm_rollout.py) samples with
@@ -32,7 +32,16 @@ from unirl.apps.trainers.base import pick_device
 from unirl.distributed.codec import Checksum
 from unirl.distributed.errors import WeightSyncError
 from unirl.distributed.rank import RankInfo
-from unirl.distributed.weightsync import LoraOnlySync, SyncAck, SyncTicket, WeightSync, is_adapter
+from unirl.distributed.weightsync import (
+    Endpoint,
+    EngineWeightPlane,
+    LoraOnlySync,
+    SyncAck,
+    SyncConfig,
+    SyncTicket,
+    WeightSync,
+    is_adapter,
+)
 from unirl.distributed.weightsync.protocol import full_tensor
 from unirl.train.checkpoint import load_checkpoint, save_checkpoint
 from unirl.train.stack import TrainStack
@@ -70,28 +79,12 @@ def policy_tensors(backend: Any) -> list[tuple[str, torch.Tensor]]:
     return [(n, weights[n]) for n, _ in backend.rollout_module.named_parameters()]
 
 
-def make_weight_sync(kind: str, *, name: str, is_source: bool, group: Any = None) -> WeightSync:
-    """The weight-plane endpoint for ``layout.sync``; ``group`` only for ``broadcast``."""
-    from unirl.distributed.weightsync import (
-        BroadcastWeightSync,
-        RayBlobStore,
-        SharedMemoryWeightSync,
-        TensorBucketSync,
-    )
-
-    if kind == "buckets":
-        return TensorBucketSync(RayBlobStore(), is_source=is_source, name=name)
-    if kind == "shm":
-        return SharedMemoryWeightSync(is_source=is_source, name=name)
-    if kind == "broadcast":
-        return BroadcastWeightSync(group, name=name)
-    raise ValueError(f"layout.sync={kind!r} is not one of 'broadcast', 'buckets', 'shm'")
-
-
-def _join_group(addr: str, port: int, rank: int, world: int) -> Any:
-    from unirl.distributed.collective import StandaloneGroup
-
-    return StandaloneGroup("gloo", addr, port, rank, world, timeout_s=300)
+def make_weight_sync(sync: SyncConfig, at: Endpoint) -> WeightSync:
+    """The worker-to-worker endpoint of ``layout.sync`` (a transport: every kind but ``engine``)."""
+    plane = sync.build(at)
+    if isinstance(plane, EngineWeightPlane):
+        raise TypeError(f"{at.name}: layout.sync.kind='engine' cannot move weights between Ray workers")
+    return plane
 
 
 class TrainWorker:
@@ -150,32 +143,30 @@ class TrainWorker:
 
         return pick_master()
 
-    def setup_sync(self, kind: str, addr: str = "", port: int = 0, world: int = 0) -> None:
-        """Create this rank's weight-sync endpoint (rank 0 joins the broadcast group as its rank 0)."""
+    def setup_sync(self, sync: SyncConfig, addr: str = "", port: int = 0, world: int = 0) -> None:
+        """Build this rank's weight-plane endpoint (rank 0 joins a broadcast group as its rank 0)."""
         source = self.info.rank == 0
-        group = _join_group(addr, port, 0, world) if kind == "broadcast" and source else None
-        self.sync = make_weight_sync(kind, name=f"train{self.info.rank}", is_source=source, group=group)
+        group = sync.join_group(addr, port, 0, world) if source else None
+        self.sync = make_weight_sync(sync, Endpoint(f"train{self.info.rank}", is_source=source, group=group))
         if self.backend.config.lora is not None:  # same endpoint (and version gate), adapters only
             self.lora_sync = LoraOnlySync(self.sync)
 
-    def _send(self, sync: WeightSync | LoraOnlySync, version: int) -> SyncTicket:
-        """``sync.send`` of the policy (EMA weights when the rollout samples with the EMA)."""
-        if self.trainer.ema_rollout:
-            with self.backend.ema_weights():
-                return sync.send(policy_tensors(self.backend), version)
-        return sync.send(policy_tensors(self.backend), version)
+    def _push(self, plane: WeightSync | LoraOnlySync, version: int) -> SyncTicket:
+        """``plane.push`` of the weights rollout samples with (``Trainer.rollout_weights``)."""
+        with self.trainer.rollout_weights():
+            return plane.push(policy_tensors(self.backend), version)
 
     def push(self, version: int) -> SyncTicket:
         """Send every policy parameter as ``version`` (LoRA: base weights and adapters)."""
         if self.sync is None:
             raise RuntimeError("TrainWorker.push before setup_sync")
-        return self._send(self.sync, version)
+        return self._push(self.sync, version)
 
     def push_adapters(self, version: int) -> SyncTicket:
         """Send only the LoRA adapter tensors as ``version`` (the base weights never change)."""
         if self.lora_sync is None:
             raise RuntimeError("TrainWorker.push_adapters needs setup_sync and backend.lora")
-        return self._send(self.lora_sync, version)
+        return self._push(self.lora_sync, version)
 
     def confirm(self, ticket: SyncTicket, acks: list[SyncAck], n: int) -> None:
         if self.sync is None:
@@ -184,10 +175,8 @@ class TrainWorker:
 
     def weights_checksum(self) -> str:
         """Checksum of the policy the rollout should now hold (collective: call on every rank)."""
-        if self.trainer.ema_rollout:
-            with self.backend.ema_weights():
-                return weights_checksum(policy_tensors(self.backend))
-        return weights_checksum(policy_tensors(self.backend))
+        with self.trainer.rollout_weights():
+            return weights_checksum(policy_tensors(self.backend))
 
     def full_state_dict(self, merge_lora: bool = True) -> dict[str, torch.Tensor]:
         """Full CPU weights on rank 0, {} elsewhere (collective); ``merge_lora=False`` keeps peft's
@@ -277,9 +266,10 @@ class RolloutWorker:
     def weight_version(self) -> int:
         return int(self.engine.weight_version)
 
-    def setup_sync(self, kind: str, addr: str = "", port: int = 0, world: int = 0) -> None:
-        group = _join_group(addr, port, 1 + self.info.rank, world) if kind == "broadcast" else None
-        self.sync = make_weight_sync(kind, name=f"rollout{self.info.rank}", is_source=False, group=group)
+    def setup_sync(self, sync: SyncConfig, addr: str = "", port: int = 0, world: int = 0) -> None:
+        """Build this worker's receiving endpoint of ``layout.sync`` (group rank ``1 + rank``)."""
+        group = sync.join_group(addr, port, 1 + self.info.rank, world)
+        self.sync = make_weight_sync(sync, Endpoint(f"rollout{self.info.rank}", is_source=False, group=group))
 
     def _sink(self, got: set[str], allowed: set[str] | None = None) -> Any:
         def load(bucket: dict[str, torch.Tensor]) -> None:

@@ -19,10 +19,9 @@ from unirl.apps.loop import PromptRecord, StopFlag, make_samples
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.ar_config import Recipe
 from unirl.apps.trainers.base import Trainer, run_trainer
+from unirl.distributed.weightsync import Endpoint, EngineSync, EngineWeightPlane
 from unirl.reward.service import RewardService
 from unirl.rollout.engines import TrainsideEngine
-from unirl.rollout.engines.guards import check_weight_stamp, weight_stamp
-from unirl.rollout.engines.weights import materialize
 from unirl.types import Part, Sample, TextPrimitive, TextSegment
 
 __all__ = ["ARTrainer", "Recipe", "engine_model_dir", "run"]
@@ -58,6 +57,12 @@ class ARTrainer(Trainer):
         if self.backend.module is not self.bundle.model:  # megatron: replay on the trained module,
             self.pipeline.replay_model = self.backend.module  # decode on the synced rollout copy
         self.engine = self._build_engine(recipe, engine_dir)
+        self.weight_plane: EngineWeightPlane | None = None
+        """The ``engine`` weight plane into a dedicated engine (None: trainside samples itself)."""
+        if hasattr(self.engine, "update_weights"):
+            self.weight_plane = EngineSync().build(
+                Endpoint("rollout engine", is_source=True, engine=self.engine)
+            )
         self.reward = RewardService.local(recipe.reward)
         alg = recipe.rl.algorithm if recipe.rl else None
         self.algorithm = alg.build() if alg is not None else None
@@ -94,17 +99,15 @@ class ARTrainer(Trainer):
 
     def sync_engine(self) -> dict[str, float]:
         """Push the trained weights to a dedicated engine when it is behind (no-op for trainside)."""
-        engine = self.engine
         version = self.backend.global_step
-        if not hasattr(engine, "update_weights") or version <= engine.weight_version:
+        if self.weight_plane is None or version <= self.engine.weight_version:
             return {}
         t0 = time.time()
         sync_copy = getattr(self.backend, "sync_rollout", None)
         if callable(sync_copy):  # megatron: the engine's parity reference is the rollout copy
             sync_copy()
-        items = materialize(self.backend.full_state_dict().items())
-        stamp = weight_stamp(items, version)
-        check_weight_stamp(engine.update_weights(items, stamp), stamp, "rollout engine")
+        with self.rollout_weights():
+            self.weight_plane.push(self.backend.full_state_dict().items(), version)
         return {"weight_sync/seconds": time.time() - t0, "weight_sync/version": float(version)}
 
     def after_train_step(self) -> dict[str, float]:

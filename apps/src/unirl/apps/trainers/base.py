@@ -11,7 +11,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,12 @@ class Trainer:
     def ema_rollout(self) -> bool:
         return False
 
+    def rollout_weights(self) -> AbstractContextManager[Any]:
+        """Within it, the backend's module holds the weights rollout samples with and the weight
+        plane pushes: the EMA weights when ``ema_rollout`` (DiffusionNFT), else the policy. The one
+        place that decides it, for trainside sampling, every sync and the async publication."""
+        return self.backend.ema_weights() if self.ema_rollout else nullcontext()
+
     # ---- phases -------------------------------------------------------------------------------
     def _timed(self, name: str, t0: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + time.time() - t0
@@ -207,7 +213,7 @@ class Trainer:
         return True
 
     def rollout(self, samples: list[Sample], step: int) -> list[Sample]:
-        with self.backend.ema_weights() if self.ema_rollout else nullcontext():
+        with self.rollout_weights():
             return self.engine.generate(samples, rollout_step=step)
 
     def rl(self, stop: StopFlag) -> None:

@@ -140,7 +140,7 @@ class RunSettings(BaseModel):
             rl is not None
             and rl.lifecycle == "async"
             and self.layout.kind == "ray"
-            and self.layout.sync == "broadcast"
+            and self.layout.sync.streaming
         ):
             raise ValueError(
                 "rl.lifecycle='async' with layout.sync='broadcast': a broadcast needs sender and receivers "

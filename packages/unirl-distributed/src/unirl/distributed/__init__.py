@@ -1,4 +1,8 @@
-"""Single-controller runtime on Ray: Remote workers, placement, tensor transport (data plane) and weight sync (weight plane).
+"""Single-controller runtime on Ray: Remote workers, placement, and the weight plane (weight sync).
+
+The weight plane a recipe uses is its ``sync:`` section (:data:`SyncConfig`, from
+``unirl.distributed.weightsync``). Samples travel between the driver and the workers as the
+results and arguments of ``Remote`` calls (Ray's own serialisation between our processes).
 
 Imports are lazy (PEP 562): ``import unirl.distributed`` loads neither Ray nor torch, so a Ray
 worker that only hosts a torch-free worker starts in a fraction of a second, and
@@ -28,15 +32,8 @@ if TYPE_CHECKING:
     from unirl.distributed.rank import MeshShape, RankInfo, all_rank_infos, rank_info
     from unirl.distributed.ray_remote import RayRemote
     from unirl.distributed.remote import Remote, RemoteBase, RemoteFuture
-    from unirl.distributed.transport import (
-        InProcessTransport,
-        ObjectStoreTransport,
-        P2PTransport,
-        SampleHandle,
-        SampleTransport,
-        TensorHandle,
-        TensorTransport,
-    )
+    from unirl.distributed.weightsync.config import SyncConfig
+    from unirl.distributed.weightsync.protocol import WeightPlane
 
 __version__ = "0.1.0"
 
@@ -67,25 +64,17 @@ _HOME = {
     "Remote": "remote",
     "RemoteBase": "remote",
     "RemoteFuture": "remote",
-    "InProcessTransport": "transport",
-    "ObjectStoreTransport": "transport",
-    "P2PTransport": "transport",
-    "SampleHandle": "transport",
-    "SampleTransport": "transport",
-    "TensorHandle": "transport",
-    "TensorTransport": "transport",
+    "SyncConfig": "weightsync.config",
+    "WeightPlane": "weightsync.protocol",
 }
 
 __all__ = [
     "DispatchMode",
     "DistributedError",
     "EmptyWeightSyncError",
-    "InProcessTransport",
     "InsufficientDevicesError",
     "LocalRemote",
     "MeshShape",
-    "ObjectStoreTransport",
-    "P2PTransport",
     "PlacementPlan",
     "RankInfo",
     "RayRemote",
@@ -94,13 +83,11 @@ __all__ = [
     "RemoteCallError",
     "RemoteFuture",
     "RemoteTimeoutError",
-    "SampleHandle",
-    "SampleTransport",
     "Slab",
     "StaleWeightVersionError",
     "StandaloneGroup",
-    "TensorHandle",
-    "TensorTransport",
+    "SyncConfig",
+    "WeightPlane",
     "WeightSyncError",
     "WorkerDiedError",
     "all_rank_infos",

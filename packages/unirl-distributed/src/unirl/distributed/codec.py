@@ -1,4 +1,4 @@
-"""Tensor metadata, raw-byte views and checksums shared by the data plane and the weight plane.
+"""Tensor metadata, raw-byte views and checksums of the weight plane (and the stamps engines echo).
 
 Everything that crosses a process boundary as *description* (names, dtypes, shapes) is plain
 JSON-able data parsed against an allow-list of dtypes; tensor payloads travel as raw bytes.

@@ -1,7 +1,7 @@
 """torch.distributed process groups: the Remote's default group and standalone groups across Remotes.
 
 The default group of a Remote's workers is created with ``init_process_group`` (one per process).
-A weight-sync or transport group spans *different* Remotes (e.g. trainer rank 0 + every rollout
+A weight-sync group (``sync: broadcast``) spans *different* Remotes (e.g. trainer rank 0 + every rollout
 worker), so it cannot be the default group: :class:`StandaloneGroup` builds a ProcessGroupGloo /
 ProcessGroupNCCL directly on a TCPStore, the way RL frameworks build their weight-update groups.
 Rank 0 picks the address and port (:func:`pick_master`), the driver passes them to the others.

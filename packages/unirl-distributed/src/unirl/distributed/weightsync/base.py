@@ -1,4 +1,4 @@
-"""`BucketedWeightSync`: the send / receive loops every weight-sync implementation shares.
+"""`BucketedWeightSync`: the push / receive loops every weight-sync implementation shares.
 
 Subclasses move one bucket at a time (``_ship`` on the source, ``_fetch`` on a receiver) and free
 their payload in ``_release``; gathering, checksums, version gates and acks live here.
@@ -33,7 +33,7 @@ __all__ = ["BucketedWeightSync"]
 
 
 class BucketedWeightSync(abc.ABC):
-    """Send/receive loops shared by every implementation; subclasses move one bucket at a time."""
+    """Push/receive loops shared by every implementation; subclasses move one bucket at a time."""
 
     kind: str = "abstract"
     needs_ticket: bool = True
@@ -87,7 +87,7 @@ class BucketedWeightSync(abc.ABC):
             # full_tensor() per parameter, inside the loop: one bucket of full tensors alive at a time
             yield tuple(metas[i] for i in idx), [full_tensor(items[i][1]).detach() for i in idx]
 
-    def send(self, params: NamedTensors, version: int) -> SyncTicket:
+    def push(self, params: NamedTensors, version: int) -> SyncTicket:
         """Gather (DTensors), checksum and ship bucket by bucket; the source returns the ticket."""
         self.sent.check(version)
         buckets: list[tuple[TensorMeta, ...]] = []

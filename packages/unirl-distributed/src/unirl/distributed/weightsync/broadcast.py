@@ -2,7 +2,7 @@
 
 The group (a :class:`StandaloneGroup`) spans the trainer's source rank (group rank 0) and every
 receiver. It is a *streaming* transport: the sender and receivers run concurrently (the driver
-starts ``send`` async, then ``receive``). The stream is: a JSON header (version, bucket metadata,
+starts ``push`` async, then ``receive``). The stream is: a JSON header (version, bucket metadata,
 bucket checksums), then one flat uint8 buffer per bucket. Receivers verify each bucket against the
 header's checksum before sinking it.
 """
@@ -67,7 +67,7 @@ class BroadcastWeightSync(BucketedWeightSync):
             [t.detach().to(self.device).contiguous().reshape(-1).view(torch.uint8) for t in tensors]
         )
 
-    def send(self, params: NamedTensors, version: int) -> SyncTicket:
+    def push(self, params: NamedTensors, version: int) -> SyncTicket:
         """Gather everything on every rank; the source checksums and broadcasts bucket by bucket.
 
         The header must name every bucket's checksum before the data, so the source computes the
@@ -101,7 +101,7 @@ class BroadcastWeightSync(BucketedWeightSync):
         return ticket
 
     def _ship(self, metas: tuple[TensorMeta, ...], tensors: list[torch.Tensor], checksum: str) -> Any:
-        raise NotImplementedError("broadcast streams in send()")
+        raise NotImplementedError("broadcast streams in push()")
 
     def _fetch(self, metas: tuple[TensorMeta, ...], payload: Any) -> list[torch.Tensor]:
         buf = torch.empty(sum(m.nbytes for m in metas), dtype=torch.uint8, device=self.device)

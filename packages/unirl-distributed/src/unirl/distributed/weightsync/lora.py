@@ -21,7 +21,7 @@ def is_adapter(name: str, markers: Sequence[str] = LORA_MARKERS) -> bool:
 
 
 class LoraOnlySync:
-    """Wraps a WeightSync; ``send`` filters to adapter tensors, everything else delegates."""
+    """Wraps a WeightSync; ``push`` filters to adapter tensors, everything else delegates."""
 
     def __init__(self, inner: WeightSync, markers: Sequence[str] = LORA_MARKERS) -> None:
         self.inner = inner
@@ -29,7 +29,7 @@ class LoraOnlySync:
         self.kind = inner.kind
         self.needs_ticket = inner.needs_ticket
 
-    def send(self, params: NamedTensors, version: int) -> SyncTicket:
+    def push(self, params: NamedTensors, version: int) -> SyncTicket:
         """Ship only the adapter tensors of ``params``."""
         items = list(params)
         adapters = [(n, t) for n, t in items if is_adapter(n, self.markers)]
@@ -38,7 +38,7 @@ class LoraOnlySync:
                 f"LoRA-only weight sync v{version}: none of {len(items)} parameters matches {self.markers} "
                 f"(e.g. {[n for n, _ in items[:3]]}); LoRA is bound to zero modules: check target_modules"
             )
-        return self.inner.send(adapters, version)
+        return self.inner.push(adapters, version)
 
     def receive(self, ticket: SyncTicket | None, sink: Sink) -> SyncAck:
         """Delegate to the inner receiver."""

@@ -3,7 +3,7 @@
 A sync ships named tensors in *buckets* (at most ``max_bucket_bytes`` each, a larger tensor gets
 a bucket of its own), so neither side holds more than one bucket of gathered/decoded tensors at a
 time. FSDP2 parameters may be DTensors: ``full_tensor()`` is called per parameter inside the
-bucket loop (a collective: every trainer rank must call ``send``; only the source ships).
+bucket loop (a collective: every trainer rank must call ``push``; only the source ships).
 
 Every sync is versioned and verified:
 - the sender stamps a version that must increase (:class:`VersionGate`); the receiver rejects a
@@ -14,6 +14,10 @@ Every sync is versioned and verified:
 - the receiver's :class:`SyncAck` carries the version and overall checksum; the sender's
   :meth:`WeightSync.confirm` checks every ack (a missing, skipped or mismatched ack is an error);
 - a sync with zero tensors fails loudly (EmptyWeightSyncError).
+
+:class:`WeightPlane` is the trainer's side of every kind (``push(policy, version)``, once after each
+train step); :class:`WeightSync` adds the rollout side of the transports (``receive``, ``confirm``).
+Which kind a run uses is the recipe's ``sync:`` (``unirl.distributed.weightsync.config``).
 """
 
 from __future__ import annotations
@@ -70,17 +74,22 @@ class SyncAck:
     num_tensors: int
 
 
-class WeightSync(Protocol):
-    """Trainer -> engine weight transfer; one object per process, on the sending or receiving side."""
+class WeightPlane(Protocol):
+    """The trainer's side of the weight plane: ``push`` the policy as a new weight version."""
 
     kind: str
+
+    def push(self, policy: NamedTensors, version: int) -> SyncTicket:
+        """Ship ``policy`` as weight ``version``; every trainer rank calls it (DTensor gathers)."""
+        ...
+
+
+class WeightSync(WeightPlane, Protocol):
+    """Trainer -> rollout weight transport; one object per process, on the sending or receiving side."""
+
     needs_ticket: bool
     """True when ``receive`` needs the sender's ticket (so the driver runs send, then receive);
-    False for streaming transports, where send and receive run concurrently."""
-
-    def send(self, params: NamedTensors, version: int) -> SyncTicket:
-        """Ship ``params`` as weight ``version``; every trainer rank calls it (DTensor gathers)."""
-        ...
+    False for streaming transports, where push and receive run concurrently."""
 
     def receive(self, ticket: SyncTicket | None, sink: Sink) -> SyncAck:
         """Receive, verify each bucket, pass it to ``sink`` (e.g. ``model.load_weights``), ack."""

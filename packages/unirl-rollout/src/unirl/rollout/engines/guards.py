@@ -9,19 +9,20 @@ is checked where it enters the trainer (CONVENTIONS: check every cross-process b
 - :func:`logprob_parity`: the engine's behaviour log-probs against the trainer's replay of the
   same tokens / transitions. Pure and engine independent (LLM tokens or diffusion SDE steps).
 - :func:`weight_stamp` / :func:`check_weight_stamp`: the stamp over the tensors a receiver got,
-  compared with the trainer's.
+  compared with the trainer's (the weight plane's own, ``unirl.distributed.weightsync.engine``,
+  re-exported here for the engines that check it).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from unirl.types import WeightStamp
+from unirl.distributed.weightsync.engine import StampMismatchError, check_weight_stamp, weight_stamp
 
 __all__ = [
     "LogProbParityError",
@@ -40,10 +41,6 @@ class SigmaEchoError(ValueError):
 
 class LogProbParityError(ValueError):
     """Engine and trainer log-probs of the same samples differ by more than the bound."""
-
-
-class StampMismatchError(ValueError):
-    """The weights a receiver got do not hash to the trainer's stamp."""
 
 
 def check_sigma_echo(
@@ -145,26 +142,3 @@ def logprob_parity(
             "the weight sync, temperature, dtype and (diffusion) sigmas / eta / guidance"
         )
     return metrics
-
-
-def weight_stamp(named_tensors: Iterable[tuple[str, Tensor]], version: int) -> WeightStamp:
-    """The stamp of ``named_tensors`` in iteration order (checksum as ``unirl.distributed.codec``)."""
-    from unirl.distributed.codec import Checksum
-
-    c = Checksum()
-    n_bytes = 0
-    for name, t in named_tensors:
-        c.update(name, t)
-        n_bytes += t.numel() * t.element_size()
-    return WeightStamp(version=version, checksum=c.hexdigest(), num_tensors=c.count, num_bytes=n_bytes)
-
-
-def check_weight_stamp(got: WeightStamp, expected: WeightStamp, where: str) -> None:
-    """Raise StampMismatchError unless ``got`` (computed by a receiver) equals ``expected``."""
-    if got != expected:
-        raise StampMismatchError(
-            f"{where}: weight sync v{expected.version} stamp mismatch: received {got.num_tensors} tensors, "
-            f"{got.num_bytes} bytes, checksum {got.checksum}; the trainer stamped {expected.num_tensors} "
-            f"tensors, {expected.num_bytes} bytes, checksum {expected.checksum}. The tensors sent are not "
-            "the ones stamped (different order, filter, dtype, or a consumed iterator)"
-        )

@@ -32,12 +32,11 @@ from torch import Tensor
 
 from unirl.distributed.codec import Checksum
 from unirl.distributed.errors import EmptyWeightSyncError, WeightSyncError
+from unirl.distributed.weightsync.lora import LORA_MARKERS, is_adapter
 from unirl.rollout.engines.http import EngineHTTPClient
 from unirl.types import WeightStamp
 
 __all__ = ["DiskRoute", "DistributedRoute", "LoraRoute", "new_weight_update_group"]
-
-LORA_MARKERS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector")
 
 
 class _Stamper:
@@ -392,7 +391,7 @@ class LoraRoute:
         stamper = _Stamper()
         tensors: dict[str, Tensor] = {}
         for name, t in named:
-            if not any(m in name for m in LORA_MARKERS):
+            if not is_adapter(name):
                 raise ValueError(
                     f"LoRA weight sync got the non-adapter tensor {name!r}; pass only adapter tensors "
                     "(e.g. filter with unirl.distributed.weightsync.is_adapter), or sync the full model "

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from unirl.distributed.errors import StaleWeightVersionError, WeightSyncError
+from unirl.distributed.weightsync.engine import materialize
 from unirl.rollout.ar.bundle import CausalLMBundle
 from unirl.rollout.ar.pipeline import ARPipeline
 from unirl.rollout.ar.replay import replay_token_logprobs
@@ -49,7 +50,6 @@ from unirl.rollout.ar.segments import ar_params, behavior_logprobs, fill_text_pa
 from unirl.rollout.ar.stopping import cut_at_stop_string
 from unirl.rollout.engines.guards import logprob_parity
 from unirl.rollout.engines.vllm_backends import Backend, Completion, Request
-from unirl.rollout.engines.weights import materialize
 from unirl.types import ARSamplingParams, Part, Sample, WeightStamp
 
 __all__ = ["LogprobsMode", "VLLMEngine", "check_logprobs_mode", "resolve_logprobs_mode"]

@@ -1,7 +1,8 @@
-"""Bandwidth micro-benchmark of the data plane and the weight plane between two Ray actors (CPU).
+"""Bandwidth micro-benchmark of the weight plane between two Ray actors (CPU), one row per
+``sync:`` kind that runs on CPU, each built from its config as a run builds it.
 
     PYTHONPATH=packages/unirl-types/src:packages/unirl-distributed/src \\
-        .venv/bin/python packages/unirl-distributed/benchmarks/bench_transport.py --mb 64 --repeats 3
+        .venv/bin/python packages/unirl-distributed/benchmarks/bench_weightsync.py --mb 64 --repeats 3
 
 Prints MB/s (1 MB = 1e6 bytes, median of ``--repeats``) for each path and its ratio to an
 in-process ``torch.clone`` of the same bytes measured in the same run (the memcpy ceiling).
@@ -33,16 +34,6 @@ class Peer:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for _, t in self.params)
 
-    def put(self) -> Any:
-        from unirl.distributed.transport import ObjectStoreTransport
-
-        return ObjectStoreTransport().put(dict(self.params))
-
-    def get(self, handle: Any) -> int:
-        from unirl.distributed.transport import ObjectStoreTransport
-
-        return sum(t.numel() for t in ObjectStoreTransport().get(handle).values())
-
     def master(self) -> tuple[str, int]:
         from unirl.distributed.collective import pick_master
 
@@ -53,37 +44,18 @@ class Peer:
 
         self.group = StandaloneGroup("gloo", addr, port, rank, 2)
 
-    def send(self) -> None:
-        from unirl.distributed.transport import P2PTransport
-
-        P2PTransport(self.group).send(dict(self.params), 1)
-
-    def recv(self) -> int:
-        from unirl.distributed.transport import P2PTransport
-
-        return len(P2PTransport(self.group).recv(0))
-
     def make_sync(self, kind: str, source: bool) -> None:
-        from unirl.distributed.weightsync import (
-            BroadcastWeightSync,
-            RayBlobStore,
-            SharedMemoryWeightSync,
-            TensorBucketSync,
-        )
+        from pydantic import TypeAdapter
 
-        kw: dict[str, Any] = {"is_source": source, "max_bucket_bytes": 64 * 1024 * 1024}
-        if kind == "tensor_buckets":
-            self.sync = TensorBucketSync(RayBlobStore(), **kw)
-        elif kind == "shared_memory":
-            self.sync = SharedMemoryWeightSync(**kw)
-        else:
-            kw.pop("is_source")
-            self.sync = BroadcastWeightSync(self.group, **kw)
+        from unirl.distributed.weightsync import Endpoint, SyncConfig
+
+        cfg = TypeAdapter(SyncConfig).validate_python({"kind": kind, "max_bucket_bytes": 64 * 1024 * 1024})
+        self.sync = cfg.build(Endpoint("peer", is_source=source, group=self.group))
         self.version = 0
 
     def push(self) -> Any:
         self.version += 1
-        return self.sync.send(self.params, self.version)
+        return self.sync.push(self.params, self.version)
 
     def pull(self, ticket: Any) -> Any:
         return self.sync.receive(ticket, lambda bucket: None)
@@ -125,22 +97,10 @@ def main() -> None:
     base = median_mbps(lambda: [t.clone() for t in local.values()], nbytes, args.repeats)
     rows = [("in-process torch.clone (baseline)", base)]
 
-    rows.append(
-        (
-            "object store put+get (data plane)",
-            median_mbps(lambda: ray.get(b.get.remote(a.put.remote())), nbytes, args.repeats),
-        )
-    )
-
     addr, port = ray.get(a.master.remote())
     ray.get([a.join.remote(addr, port, 0), b.join.remote(addr, port, 1)])
 
-    def p2p() -> None:
-        ray.get([a.send.remote(), b.recv.remote()])
-
-    rows.append(("torch.distributed gloo send/recv (data plane)", median_mbps(p2p, nbytes, args.repeats)))
-
-    for kind in ("tensor_buckets", "shared_memory", "broadcast"):
+    for kind in ("buckets", "shm", "broadcast"):
         ray.get([a.make_sync.remote(kind, True), b.make_sync.remote(kind, False)])
 
         def sync(kind: str = kind) -> None:
