@@ -188,6 +188,12 @@ CONFLICT = [  # options each valid alone, impossible together
         ("backend.tensor_model_parallel_size=2", "layout.kind=ray"),
         ("backend.tensor_model_parallel_size=2", "layout.kind='ray'", "use tensor_model_parallel_size: 1"),
     ),
+    Mutation(
+        "conflict",
+        "arithmetic_grpo_megatron",
+        ("backend.pipeline_model_parallel_size=2", "layout.kind=ray"),
+        ("backend.pipeline_model_parallel_size=2", "layout.kind='ray'", "use pipeline_model_parallel_size: 1"),
+    ),
     # caught only since this suite: the U-Net would meet images of another size at the first step
     Mutation(
         "conflict",

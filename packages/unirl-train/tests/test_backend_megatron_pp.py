@@ -1,0 +1,169 @@
+"""MegatronBackend with pipeline parallelism on CPU: two gloo ranks, each one pipeline stage of
+the tiny Qwen3 (2 layers: one per stage; the tied embedding / output weight on both stages).
+
+- PP=2 equals PP=1 on the same GRPO step (advantages with a non-zero sum, so the loss is not
+  float noise around 0): loss 1e-6, grad norm and every Hugging Face-named gradient 1e-5
+  relative, and the weights after the AdamW step; 1, 2 and 4 micro-batches give the same
+  gradient through megatron-core's 1F1B schedule (it must not rescale the already-normalised
+  loss by the micro-batch count);
+- HF -> PP=2 -> HF is bit-exact on every rank, and a no-grad forward (the pipelined
+  forward-only pass) gives the Hugging Face logits on every rank; the rollout copy follows;
+- resume at PP=2 equals uninterrupted (bit-exact), and PP=2 checkpoint state loads at PP=1;
+- virtual pipeline stages (PP=2 x VPP=2 on a 4-layer model, interleaved 1F1B) equal PP=1;
+- bad layouts fail naming the fields, the values and the fix.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+pytest.importorskip("mbridge")
+
+from unirl.rollout.ar.bundle import CausalLMBundle
+from unirl.train.optim import AdamWConfig
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import test_backend_megatron as tm  # noqa: E402
+
+from unirl.train.backends.megatron import MegatronConfig  # noqa: E402
+
+ADV = [1.0, -0.25, 0.5, 0.75]  # a non-zero sum: the on-policy loss is -mean(A) = -0.5, not 0
+
+
+def qwen3_4layers() -> torch.nn.Module:
+    return CausalLMBundle.tiny_qwen3(seed=0, num_layers=4).model
+
+
+def _layout_errors() -> None:
+    with pytest.raises(ValueError, match=r"pipeline_model_parallel_size=2 = 2 stages do not divide .*=3"):
+        tm.megatron(CausalLMBundle.tiny_qwen3(seed=0, num_layers=3).model, pipeline_model_parallel_size=2)
+    with pytest.raises(ValueError, match=r"pipeline_model_parallel_size=2 = 4 does not divide the world size 2"):
+        tm.megatron(tm.qwen3(), pipeline_model_parallel_size=2, tensor_model_parallel_size=2)
+    with pytest.raises(ValueError, match=r"already initialised with \(TP, PP, VPP\)=\(1, 2, None\)"):
+        tm.megatron(tm.qwen3(), pipeline_model_parallel_size=1)
+
+
+def _pp_worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(HERE))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    import conftest as tiny
+
+    out: dict = {}
+    backend = tm.megatron(tm.qwen3(), pipeline_model_parallel_size=2)
+    out["names"] = sorted(backend.trainable)
+    out["roundtrip"] = backend.full_state_dict()
+    out["streamed"] = sorted(dict(backend.named_hf_weights()))
+    with torch.no_grad():
+        out["logits"] = backend.module(input_ids=tm.TOKENS).logits
+    with pytest.raises(RuntimeError, match="under torch.no_grad"):
+        backend.module(input_ids=tm.TOKENS)
+    out["metrics"], out["grads"] = tm.grpo_step(backend, adv=ADV)
+    out["updated"] = backend.full_state_dict()
+    with backend.gathered():
+        rollout = backend.rollout_module.state_dict()
+        out["rollout_synced"] = all(torch.equal(rollout[n], v) for n, v in out["updated"].items())
+    for micro in (1, 4):
+        out[f"grads{micro}"] = tm.grpo_step(tm.megatron(tm.qwen3(), pipeline_model_parallel_size=2), micro, adv=ADV)[1]  # fmt: skip
+    # resume == uninterrupted at PP=2
+    straight = tm.megatron(tm.qwen3(), pipeline_model_parallel_size=2, ema=tm.EMAConfig(decay=0.7))
+    tm.grpo_step(straight, adv=ADV)
+    tm.grpo_step(straight, adv=ADV)
+    first = tm.megatron(tm.qwen3(), pipeline_model_parallel_size=2, ema=tm.EMAConfig(decay=0.7))
+    tm.grpo_step(first, adv=ADV)
+    out["state1"] = first.state_dict()
+    resumed = tm.megatron(tm.qwen3(), pipeline_model_parallel_size=2, ema=tm.EMAConfig(decay=0.7))
+    resumed.load_state_dict(out["state1"])
+    tm.grpo_step(resumed, adv=ADV)
+    out["straight"], out["resumed"] = straight.state_dict(), resumed.state_dict()
+    _layout_errors()
+    from megatron.core import parallel_state as mpu
+
+    mpu.destroy_model_parallel()  # PP=2 x VPP=2 on four layers: rank r holds layers r and r + 2
+    vpp = tm.megatron(qwen3_4layers(), pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2)
+    out["vpp_layers"] = [[layer.layer_number for layer in c.decoder.layers] for c in vpp.chunks]
+    out["vpp_metrics"], out["vpp_grads"] = tm.grpo_step(vpp, micro=1, adv=ADV)
+    torch.save(out, Path(out_dir) / f"pp2-rank{rank}.pt")
+    tiny.leave_world()
+
+
+def _run_pp2(tmp_path: Path) -> list[dict]:
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_pp_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, start_method="spawn")
+    return [torch.load(tmp_path / f"pp2-rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def _same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float) -> None:
+    assert set(a) == set(b)
+    for n in b:
+        torch.testing.assert_close(a[n], b[n], rtol=0, atol=atol, msg=n)
+
+
+@pytest.mark.slow
+def test_pipeline_parallel_two_stages_equal_one(tmp_path: Path) -> None:
+    ranks = _run_pp2(tmp_path)
+    one = tm.megatron(tm.qwen3())
+    m1, g1 = tm.grpo_step(one, adv=ADV)
+    assert m1["loss"] == pytest.approx(-0.5, abs=1e-5)  # on-policy: ratio 1, -sum(A * n_tokens) / N
+    fresh = tm.qwen3().state_dict()
+    with torch.no_grad():
+        hf_logits = tm.qwen3()(input_ids=tm.TOKENS).logits
+    # the stages really are split: rank 0 embeds and runs layer 0, rank 1 runs layer 1 + head
+    assert "gpt.embedding.word_embeddings.weight" in ranks[0]["names"]
+    assert "gpt.output_layer.weight" in ranks[1]["names"]  # the tied weight's last-stage copy
+    assert all(len([n for n in r["names"] if n.endswith("linear_fc2.weight")]) == 1 for r in ranks)
+    for r in ranks:  # every rank: the same metrics, the full model, the HF forward
+        assert set(r["roundtrip"]) == set(fresh)
+        assert all(torch.equal(r["roundtrip"][n], fresh[n]) for n in fresh)
+        assert r["streamed"] == sorted(set(fresh) - {"lm_head.weight"})  # a tied weight once
+        torch.testing.assert_close(r["logits"], hf_logits, rtol=0, atol=2e-6)
+        assert r["metrics"]["loss"] == pytest.approx(m1["loss"], abs=1e-6)
+        assert r["metrics"]["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
+        assert r["metrics"]["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+        tm.assert_same_grads(r["grads"], g1)
+        for micro in (1, 4):  # the schedule does not rescale by the micro-batch count
+            tm.assert_same_grads(r[f"grads{micro}"], g1)
+        assert r["rollout_synced"]
+    assert ranks[0]["metrics"] == ranks[1]["metrics"]
+    # the same AdamW step: m / sqrt(v) of near-zero gradient entries amplifies float noise (as TP)
+    _same_weights(ranks[0]["updated"], one.full_state_dict(), atol=5e-5)
+    # resume at PP=2 == uninterrupted, bit-exact; the step counts keyed by global layer names
+    a, b = ranks[0]["straight"], ranks[0]["resumed"]
+    for key in ("model", "ema"):
+        assert all(torch.equal(a[key][n], b[key][n]) for n in a[key]), key
+    for k in ("exp_avg", "exp_avg_sq"):
+        assert all(torch.equal(a["optimizer"][k][n], b["optimizer"][k][n]) for n in a["optimizer"][k])
+    assert set(a["optimizer"]["step"]) == set(one.state_dict()["optimizer"]["step"])
+    assert b["global_step"] == 2
+    # PP=2 checkpoint state loads at PP=1 and continues as the PP=1 run does
+    resumed = tm.megatron(tm.qwen3(), ema=tm.EMAConfig(decay=0.7))
+    resumed.load_state_dict(ranks[0]["state1"])
+    assert resumed.global_step == 1
+    _same_weights(resumed.full_state_dict(), ranks[0]["state1"]["model"] | {"lm_head.weight": ranks[0]["state1"]["model"]["model.embed_tokens.weight"]}, atol=0)  # fmt: skip
+    # virtual pipeline stages: the interleaved schedule equals one rank with every layer
+    assert ranks[0]["vpp_layers"] == [[1], [3]] and ranks[1]["vpp_layers"] == [[2], [4]]
+    m4, g4 = tm.grpo_step(tm.megatron(qwen3_4layers()), micro=1, adv=ADV)
+    for r in ranks:
+        assert r["vpp_metrics"]["loss"] == pytest.approx(m4["loss"], abs=1e-6)
+        assert r["vpp_metrics"]["grad_norm"] == pytest.approx(m4["grad_norm"], rel=1e-5)
+        tm.assert_same_grads(r["vpp_grads"], g4)
+
+
+def test_pipeline_layout_errors_name_the_fields() -> None:
+    with pytest.raises(ValueError, match=r"pipeline_model_parallel_size=2 = 2 does not divide the world size 1"):
+        tm.megatron(tm.qwen3(), pipeline_model_parallel_size=2)
+    with pytest.raises(ValueError, match="virtual_pipeline_model_parallel_size=2 needs backend.pipeline_model_parallel_size > 1"):  # fmt: skip
+        MegatronConfig(optimizer=AdamWConfig(lr=1e-3), virtual_pipeline_model_parallel_size=2)
+    with pytest.raises(ValueError, match="greater than or equal to 2"):  # one chunk per rank is no VPP
+        MegatronConfig(optimizer=AdamWConfig(lr=1e-3), pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=1)  # fmt: skip
+    cfg = MegatronConfig(optimizer=AdamWConfig(lr=1e-3), pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2)  # fmt: skip
+    assert cfg.pipeline_model_parallel_size == 4
