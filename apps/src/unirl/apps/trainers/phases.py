@@ -136,6 +136,13 @@ class RunSettings(BaseModel):
                 f"rl.algorithm.kl_coef={kl} needs a reference policy, but backend.reference='none': set "
                 "backend.reference=frozen_copy (the policy RL starts from) or lora_base, or kl_coef=0"
             )
+        pp = getattr(getattr(self, "backend", None), "pipeline_model_parallel_size", 1)
+        if kl and pp > 1:
+            raise ValueError(
+                f"rl.algorithm.kl_coef={kl} with backend.pipeline_model_parallel_size={pp}: the KL term "
+                "runs a second (reference) model forward inside the loss, which the pipeline schedule "
+                "cannot interleave; use kl_coef: 0 or pipeline_model_parallel_size: 1"
+            )
         if (
             rl is not None
             and rl.lifecycle == "async"
