@@ -192,12 +192,20 @@ CONFLICT = [  # options each valid alone, impossible together
         "conflict",
         "arithmetic_grpo_megatron",
         ("backend.pipeline_model_parallel_size=2", "layout.kind=ray"),
-        ("backend.pipeline_model_parallel_size=2", "layout.kind='ray'", "use pipeline_model_parallel_size: 1"),
+        (
+            "backend.pipeline_model_parallel_size=2",
+            "layout.kind='ray'",
+            "use pipeline_model_parallel_size: 1",
+        ),
     ),
     Mutation(
         "conflict",
         "arithmetic_grpo_megatron",
-        ("backend.pipeline_model_parallel_size=2", "backend.reference=frozen_copy", "rl.algorithm.kl_coef=0.1"),
+        (
+            "backend.pipeline_model_parallel_size=2",
+            "backend.reference=frozen_copy",
+            "rl.algorithm.kl_coef=0.1",
+        ),
         ("rl.algorithm.kl_coef=0.1", "backend.pipeline_model_parallel_size=2", "use kl_coef: 0"),
     ),
     # caught only since this suite: the U-Net would meet images of another size at the first step

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from unirl.train.backends.common import OptimizedBackend
 from unirl.train.backends.dist import ensure_process_group, resolve_device
 from unirl.train.backends.megatron import bridge as hf_bridge
-from unirl.train.backends.megatron import grads, schedule
+from unirl.train.backends.megatron import grads, layout, schedule
 from unirl.train.backends.megatron.config import MegatronConfig
 from unirl.train.backends.megatron.model import MegatronCausalLM
 from unirl.train.ema import swapped_weights
@@ -56,14 +56,14 @@ class MegatronBackend(OptimizedBackend):
             from unirl.train.backends.megatron import cpu
 
             cpu.install()
-        self._init_parallel_state(config)
+        layout.init_parallel_state(config, self.device)
         hf_config = getattr(module, "config", None)
         if hf_config is None or not hasattr(hf_config, "model_type"):
             raise ValueError(
                 f"backend.kind=megatron needs a Hugging Face causal LM (a module with .config); "
                 f"got {type(module).__name__}"
             )
-        _check_layers(config, hf_config)
+        layout.check_layers(config, hf_config)
         self.bridge = hf_bridge.make_bridge(
             hf_config,
             local_spec=self._local_spec(config),
@@ -86,50 +86,12 @@ class MegatronBackend(OptimizedBackend):
         self._hf_keys = set(module.state_dict()) - set(self._tied)  # each tensor once
         self._rollout_version = 0  # the rollout copy holds the weights of this optimizer step
         trainable = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
-        self._global_names = self._global_param_names()
+        self._global_names = layout.global_param_names(self.bridge, chunks)
         self._init_optimization(
             trainable, config.optimizer, config.scheduler, config.ema, config.reference == "frozen_copy"
         )
 
     # -- construction -----------------------------------------------------------------------
-    def _init_parallel_state(self, config: MegatronConfig) -> None:
-        from megatron.core import parallel_state as mpu
-        from megatron.core import tensor_parallel
-
-        tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
-        vpp = config.virtual_pipeline_model_parallel_size
-        world = dist.get_world_size()
-        if world % tp:
-            raise ValueError(
-                f"backend.tensor_model_parallel_size={tp} does not divide the world size {world}; "
-                f"use a divisor of {world}"
-            )
-        if world % (tp * pp):
-            raise ValueError(
-                f"backend.tensor_model_parallel_size={tp} x backend.pipeline_model_parallel_size={pp} "
-                f"= {tp * pp} does not divide the world size {world}; choose sizes whose product divides it"
-            )
-        if not mpu.model_parallel_is_initialized():
-            mpu.initialize_model_parallel(
-                tensor_model_parallel_size=tp,
-                pipeline_model_parallel_size=pp,
-                virtual_pipeline_model_parallel_size=vpp,
-            )
-        else:
-            have = (
-                mpu.get_tensor_model_parallel_world_size(),
-                mpu.get_pipeline_model_parallel_world_size(),
-                mpu.get_virtual_pipeline_model_parallel_world_size(),
-            )
-            if have != (tp, pp, vpp):
-                raise ValueError(
-                    f"megatron-core is already initialised with (TP, PP, VPP)={have} in this process, but "
-                    f"backend asks for {(tp, pp, vpp)}; call megatron.core.parallel_state."
-                    "destroy_model_parallel() first or use the same layout"
-                )
-        if self.device.type == "cuda":
-            tensor_parallel.model_parallel_cuda_manual_seed(int(torch.initial_seed() % 2**31))
-
     @staticmethod
     def _local_spec(config: MegatronConfig) -> bool:
         has_te = hf_bridge.has_transformer_engine()
@@ -170,31 +132,6 @@ class MegatronBackend(OptimizedBackend):
             if config.recompute == "full":
                 out |= {"recompute_method": "uniform", "recompute_num_layers": 1}
         return out
-
-    def _global_param_names(self) -> dict[str, str]:
-        """Trainable name -> the name it has in the whole (unsplit) model: the layer numbering of
-        this rank's pipeline stage mapped to the global one, a tied output layer's copy named as
-        the embedding (the same names as at PP = 1)."""
-        out = {}
-        for i, chunk in enumerate(self.chunks):
-            prefix = "gpt." if i == 0 else f"vp_chunks.{i - 1}."
-            mapping = self.bridge._weight_name_mapping_mcore_local_to_global(chunk, consider_ep=False)
-            for name, p in chunk.named_parameters():
-                # the last stage's copy of a tied output layer is the embedding (one AdamW state)
-                shared = getattr(p, "shared", False)
-                out[prefix + name] = "gpt." + ("embedding.word_embeddings.weight" if shared else mapping[name])
-        return out
-
-    def _gather_steps(self, per_param: Mapping[str, Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """AdamW's per-parameter step counts under global names, from every pipeline stage."""
-        from megatron.core import parallel_state as mpu
-
-        mine = {self._global_names[n]: s["step"].detach().cpu().clone() for n, s in per_param.items()}
-        if self.pp_size == 1:
-            return mine
-        stages: list[Any] = [None] * self.pp_size
-        dist.all_gather_object(stages, mine, group=mpu.get_pipeline_model_parallel_group())
-        return {k: v for stage in stages for k, v in stage.items()}
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -326,7 +263,9 @@ class MegatronBackend(OptimizedBackend):
         state: dict[str, Any] = {
             "model": dict(self.named_hf_weights()),
             "optimizer": {
-                "step": self._gather_steps(per_param),
+                "step": layout.gather_steps(
+                    {self._global_names[n]: s["step"].detach().cpu().clone() for n, s in per_param.items()}
+                ),
                 **{k: self._to_hf({n: s[k] for n, s in per_param.items()}) for k in _MOMENTS},
                 "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in opt["param_groups"]],
             },
@@ -384,21 +323,6 @@ class MegatronBackend(OptimizedBackend):
         self._step = int(state["global_step"])
         self._ema_start = int(state.get("ema_start", 0))
         self._rollout_version = -1  # the rollout copy is behind whatever was loaded
-
-
-def _check_layers(config: MegatronConfig, hf_config: Any) -> None:
-    """The model's layers split evenly over the pipeline (and virtual pipeline) stages."""
-    pp, vpp = config.pipeline_model_parallel_size, config.virtual_pipeline_model_parallel_size
-    stages = pp * (vpp or 1)
-    layers = getattr(hf_config, "num_hidden_layers", None)
-    if stages > 1 and (not isinstance(layers, int) or layers % stages):
-        what = f"backend.pipeline_model_parallel_size={pp}" + (
-            f" x backend.virtual_pipeline_model_parallel_size={vpp}" if vpp else ""
-        )
-        raise ValueError(
-            f"{what} = {stages} stages do not divide the model's num_hidden_layers={layers}; "
-            "choose sizes whose product divides the layer count"
-        )
 
 
 def _tied_aliases(module: torch.nn.Module) -> dict[str, str]:

@@ -27,7 +27,7 @@ import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 
-class StageOutput(BaseException):  # noqa: N818 - control flow, not an error
+class StageOutput(BaseException):
     """Raised by a non-last pipeline stage's forward inside the schedule: `tensor` is what it sends
     to the next stage. A BaseException so that an algorithm's ``except Exception`` cannot swallow it."""
 
@@ -116,7 +116,9 @@ class MegatronCausalLM(torch.nn.Module):
         )
         with ctx:
             embedded = self._embed(gpt, input_ids, position_ids) if gpt.pre_process else None
-            out = gpt(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, decoder_input=embedded)
+            out = gpt(
+                input_ids=input_ids, position_ids=position_ids, attention_mask=mask, decoder_input=embedded
+            )
         if not gpt.post_process:
             raise StageOutput(out.to(gpt.config.pipeline_dtype).contiguous())
         return out

@@ -102,7 +102,9 @@ def pipelined_forward(
     order receives its input from the previous stage (megatron-core's P2PCommunicator) and sends
     its output on; the last stage's logits are broadcast over the pipeline group (collective)."""
 
-    def forward(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
         from megatron.core import parallel_state as mpu
         from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
