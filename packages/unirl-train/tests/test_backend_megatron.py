@@ -112,9 +112,14 @@ def hf_grads(backend) -> dict[str, torch.Tensor]:
 
 
 def grpo_step(
-    backend, micro: int = 2, shard: slice = slice(None), adv: list[float] = ADV
+    backend,
+    micro: int = 2,
+    shard: slice = slice(None),
+    adv: list[float] = ADV,
+    grpo: GRPOConfig | None = None,
 ) -> tuple[dict, dict[str, torch.Tensor]]:
-    """One GRPO update of `backend` on `rollout_parts(adv)[shard]`: its metrics and its gradients."""
+    """One GRPO update (`grpo`, default GRPOConfig()) of `backend` on `rollout_parts(adv)[shard]`:
+    its metrics and its gradients."""
     bundle = CausalLMBundle.tiny_qwen3(seed=0)
     pipe = ARPipeline(bundle, ARSamplingParams(max_new_tokens=6, temperature=1.0, seed=3))
     pipe.replay_model = backend.module
@@ -126,7 +131,7 @@ def grpo_step(
         grads.update(hf_grads(backend))
 
     backend._reduce_grads = capture
-    stack = TrainStack(backend, GRPOConfig().build(), pipe, BatchGeometry(micro_batch_size=micro))
+    stack = TrainStack(backend, (grpo or GRPOConfig()).build(), pipe, BatchGeometry(micro_batch_size=micro))
     metrics = stack.train_on(rollout_parts(adv)[shard])
     del backend._reduce_grads
     return metrics, grads

@@ -7,10 +7,12 @@ the tiny Qwen3 (2 layers: one per stage; the tied embedding / output weight on b
   gradient through megatron-core's 1F1B schedule (it must not rescale the already-normalised
   loss by the micro-batch count);
 - HF -> PP=2 -> HF is bit-exact on every rank, and a no-grad forward (the pipelined
-  forward-only pass) gives the Hugging Face logits on every rank; the rollout copy follows;
+  forward-only pass) gives the Hugging Face logits on every rank, so old log-probs recomputed
+  in prepare() are the PP=1 ones; the rollout copy follows;
 - resume at PP=2 equals uninterrupted (bit-exact), and PP=2 checkpoint state (in memory, and a
   sharded checkpoint written at world size 2) loads at PP=1;
 - virtual pipeline stages (PP=2 x VPP=2 on a 4-layer model, interleaved 1F1B) equal PP=1;
+- four ranks: TP=2 x PP=2 and PP=2 x DP=2 equal one rank;
 - bad layouts fail naming the fields, the values and the fix.
 """
 
@@ -26,6 +28,7 @@ pytest.importorskip("megatron.core")
 pytest.importorskip("mbridge")
 
 from unirl.rollout.ar.bundle import CausalLMBundle
+from unirl.train.algorithms import GRPOConfig
 from unirl.train.optim import AdamWConfig
 
 HERE = Path(__file__).resolve().parent
@@ -67,6 +70,7 @@ def _pp_worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
     out["streamed"] = sorted(dict(backend.named_hf_weights()))
     with torch.no_grad():
         out["logits"] = backend.module(input_ids=tm.TOKENS).logits
+        out["logits_keep"] = backend.module(input_ids=tm.TOKENS, logits_to_keep=3).logits
     with pytest.raises(RuntimeError, match="under torch.no_grad"):
         backend.module(input_ids=tm.TOKENS)
     out["metrics"], out["grads"] = tm.grpo_step(backend, adv=ADV)
@@ -74,6 +78,8 @@ def _pp_worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
     with backend.gathered():
         rollout = backend.rollout_module.state_dict()
         out["rollout_synced"] = all(torch.equal(rollout[n], v) for n, v in out["updated"].items())
+    recompute = GRPOConfig(old_logprobs="recompute")  # pi_old from a forward-only pipeline pass
+    out["recompute"] = tm.grpo_step(tm.megatron(tm.qwen3(), pipeline_model_parallel_size=2), adv=ADV, grpo=recompute)  # fmt: skip
     for micro in (1, 4):
         out[f"grads{micro}"] = tm.grpo_step(tm.megatron(tm.qwen3(), pipeline_model_parallel_size=2), micro, adv=ADV)[1]  # fmt: skip
     # resume == uninterrupted at PP=2
@@ -97,6 +103,8 @@ def _pp_worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
     vpp = tm.megatron(qwen3_4layers(), pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2)
     out["vpp_layers"] = [[layer.layer_number for layer in c.decoder.layers] for c in vpp.chunks]
     out["vpp_metrics"], out["vpp_grads"] = tm.grpo_step(vpp, micro=1, adv=ADV)
+    with pytest.raises(ValueError, match="needs a multiple of pipeline_model_parallel_size=2 micro-batches"):
+        tm.grpo_step(vpp, micro=4, adv=ADV)  # one micro-batch: the interleaved schedule needs >= 2
     torch.save(out, Path(out_dir) / f"pp2-rank{rank}.pt")
     tiny.leave_world()
 
@@ -134,6 +142,7 @@ def test_pipeline_parallel_two_stages_equal_one(tmp_path: Path) -> None:
         assert all(torch.equal(r["roundtrip"][n], fresh[n]) for n in fresh)
         assert r["streamed"] == sorted(set(fresh) - {"lm_head.weight"})  # a tied weight once
         torch.testing.assert_close(r["logits"], hf_logits, rtol=0, atol=2e-6)
+        torch.testing.assert_close(r["logits_keep"], hf_logits[:, -3:], rtol=0, atol=2e-6)
         assert r["metrics"]["loss"] == pytest.approx(m1["loss"], abs=1e-6)
         assert r["metrics"]["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
         assert r["metrics"]["ratio_max"] == pytest.approx(1.0, abs=1e-5)
@@ -142,6 +151,11 @@ def test_pipeline_parallel_two_stages_equal_one(tmp_path: Path) -> None:
             tm.assert_same_grads(r[f"grads{micro}"], g1)
         assert r["rollout_synced"]
     assert ranks[0]["metrics"] == ranks[1]["metrics"]
+    m_re, g_re = tm.grpo_step(tm.megatron(tm.qwen3()), adv=ADV, grpo=GRPOConfig(old_logprobs="recompute"))
+    for r in ranks:  # old log-probs recomputed in prepare(): the same at PP=2 as at PP=1
+        assert r["recompute"][0]["loss"] == pytest.approx(m_re["loss"], abs=1e-6)
+        assert r["recompute"][0]["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+        tm.assert_same_grads(r["recompute"][1], g_re)
     # the same AdamW step: every updated weight within 1e-5 relative (norm of the difference)
     tm.assert_same_grads(ranks[0]["updated"], one.full_state_dict(), rel=1e-5)
     # resume at PP=2 == uninterrupted, bit-exact; the step counts keyed by global layer names
@@ -190,3 +204,44 @@ def test_pipeline_layout_errors_name_the_fields() -> None:
         MegatronConfig(optimizer=AdamWConfig(lr=1e-3), pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=1)  # fmt: skip
     cfg = MegatronConfig(optimizer=AdamWConfig(lr=1e-3), pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2)  # fmt: skip
     assert cfg.pipeline_model_parallel_size == 4
+
+
+# -- four ranks: pipeline with tensor and with data parallelism ---------------------------------
+
+
+def _four_rank_worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(HERE))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    import conftest as tiny
+    from megatron.core import parallel_state as mpu
+
+    both = tm.megatron(tm.qwen3(), tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    out = {"tp_pp_weights": both.full_state_dict()}
+    out["tp_pp_metrics"], out["tp_pp_grads"] = tm.grpo_step(both, adv=ADV)
+    mpu.destroy_model_parallel()  # PP=2 x DP=2: each data-parallel replica trains on half the batch
+    dp = tm.megatron(tm.qwen3(), pipeline_model_parallel_size=2)
+    half = mpu.get_data_parallel_rank()
+    out["pp_dp_metrics"], out["pp_dp_grads"] = tm.grpo_step(dp, shard=slice(2 * half, 2 * half + 2), adv=ADV)
+    torch.save(out, Path(out_dir) / f"four-rank{rank}.pt")
+    tiny.leave_world()
+
+
+@pytest.mark.slow
+def test_pipeline_with_tensor_and_data_parallel_equal_one(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    mp.start_processes(
+        _four_rank_worker, args=(4, str(tmp_path / "store"), str(tmp_path)), nprocs=4, start_method="spawn"
+    )
+    m1, g1 = tm.grpo_step(tm.megatron(tm.qwen3()), adv=ADV)
+    fresh = tm.qwen3().state_dict()
+    for r in range(4):
+        out = torch.load(tmp_path / f"four-rank{r}.pt", weights_only=False)
+        assert all(torch.equal(out["tp_pp_weights"][n], fresh[n]) for n in fresh)  # TP-gathered, PP-collected
+        for key in ("tp_pp", "pp_dp"):
+            assert out[f"{key}_metrics"]["loss"] == pytest.approx(m1["loss"], abs=1e-6), key
+            assert out[f"{key}_metrics"]["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5), key
+            tm.assert_same_grads(out[f"{key}_grads"], g1)

@@ -85,7 +85,7 @@ class MegatronCausalLM(torch.nn.Module):
                     "schedule (TrainStack calls backend.run_micro_batches); call it under torch.no_grad() "
                     "for a forward-only pass"
                 )
-            logits = self.pipelined_forward(input_ids, attention_mask, position_ids)
+            logits = self.pipelined_forward(input_ids, attention_mask, position_ids, logits_to_keep)
         else:
             if self.active is not None and self.pipelined_forward is not None:
                 self.calls += 1
@@ -96,8 +96,8 @@ class MegatronCausalLM(torch.nn.Module):
                         "backend.pipeline_model_parallel_size: 1 for it"
                     )
             logits = self.stage_forward(self.active or self.gpt, input_ids, attention_mask, position_ids)
-        if logits_to_keep:
-            logits = logits[:, -logits_to_keep:]
+            if logits_to_keep:
+                logits = logits[:, -logits_to_keep:]
         return CausalLMOutputWithPast(logits=logits)
 
     def stage_forward(

@@ -66,6 +66,13 @@ def run_micro_batches(
         return loss, loss_func
 
     chunks = module.chunks
+    pp = mpu.get_pipeline_model_parallel_world_size()
+    if len(chunks) > 1 and (len(micro) < pp or len(micro) % pp):
+        raise ValueError(
+            f"backend.virtual_pipeline_model_parallel_size={len(chunks)} (interleaved schedule) needs a "
+            f"multiple of pipeline_model_parallel_size={pp} micro-batches per optimizer step, got "
+            f"{len(micro)}; change the micro-batch size (or the mini-batch) so it is one"
+        )
     data: Any = [iter(micro) for _ in chunks] if len(chunks) > 1 else iter(micro)
     with _cpu_context(device):
         store = get_forward_backward_func()(
@@ -77,7 +84,7 @@ def run_micro_batches(
             micro_batch_size=1,
             forward_only=False,
         )
-    if mpu.get_pipeline_model_parallel_world_size() > 1:
+    if pp > 1:
         store = broadcast_from_last_stage(store)
     if len(store) != len(micro):
         raise RuntimeError(f"the schedule returned {len(store)} losses for {len(micro)} micro-batches")
@@ -97,13 +104,14 @@ def broadcast_from_last_stage(obj: Any) -> Any:
 
 def pipelined_forward(
     module: MegatronCausalLM, device: torch.device
-) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]:
     """A forward-only pass of the whole pipeline (no grad): each chunk of this rank in pipeline
     order receives its input from the previous stage (megatron-core's P2PCommunicator) and sends
-    its output on; the last stage's logits are broadcast over the pipeline group (collective)."""
+    its output on; the last stage's logits (the last `keep` positions, all when 0) are broadcast
+    over the pipeline group (collective)."""
 
     def forward(
-        input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+        input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, keep: int
     ) -> torch.Tensor:
         from megatron.core import parallel_state as mpu
         from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
@@ -117,6 +125,7 @@ def pipelined_forward(
                     chunk.set_input_tensor(comm.recv_forward((1, 1, 1), is_first_stage=False))
                 try:
                     logits = module.stage_forward(chunk, input_ids, attention_mask, position_ids)
+                    logits = (logits[:, -keep:] if keep else logits).contiguous()
                 except StageOutput as out:
                     comm.send_forward(out.tensor, is_last_stage=False)
         meta = broadcast_from_last_stage(None if logits is None else (tuple(logits.shape), logits.dtype))
