@@ -16,7 +16,8 @@ returns), ``torch.zeros(..., device="cuda")`` for the token count of every sched
 (`forward_backward_*`), and ``weight.data.cuda()`` where a tied output layer on the last stage
 first copies the embedding of the first (`LanguageModule.setup_embeddings_and_output_layer`).
 The last two run inside `cuda_as_cpu()`, a torch-function mode that maps a ``cuda`` device to
-the CPU, entered around model construction and the schedule only.
+the CPU, entered around model construction and the schedule only (and suspended around the
+model's compute inside the schedule, `compute_outside_cuda_as_cpu()`).
 """
 
 from __future__ import annotations
@@ -83,6 +84,19 @@ def cuda_as_cpu() -> contextlib.AbstractContextManager[object]:
     if torch.cuda.is_available():
         return contextlib.nullcontext()
     return _CudaAsCPU()
+
+
+@contextlib.contextmanager
+def compute_outside_cuda_as_cpu() -> Iterator[None]:
+    """Suspend an active `cuda_as_cpu()` mode around model compute inside the schedule: the mode
+    costs a Python call per torch op (~30% of the tiny test model's forward + backward), and the
+    model's own allocations need no mapping (`install()` covers them)."""
+    stack = torch.overrides._get_current_function_mode_stack()
+    if not stack or not isinstance(stack[-1], _CudaAsCPU):
+        yield
+        return
+    with torch.overrides._pop_mode_temporarily():
+        yield
 
 
 def _no_cuda_rng_state(*args: object, **kwargs: object) -> torch.Tensor:

@@ -33,12 +33,22 @@ from unirl.train.backends.megatron.model import MegatronCausalLM, StageOutput
 LossFn = Callable[[Any], tuple[torch.Tensor, dict[str, float]]]
 
 
-def _cpu_context(device: torch.device) -> contextlib.AbstractContextManager[None]:
+def _cpu_context(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """On CPU: megatron-core's schedule code with its ``cuda`` allocations mapped to the CPU."""
     if device.type != "cpu":
         return contextlib.nullcontext()
     from unirl.train.backends.megatron import cpu
 
     return cpu.cuda_as_cpu()
+
+
+def _compute_context(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """On CPU: the model's compute inside the schedule, without that mapping (it costs per op)."""
+    if device.type != "cpu":
+        return contextlib.nullcontext()
+    from unirl.train.backends.megatron import cpu
+
+    return cpu.compute_outside_cuda_as_cpu()
 
 
 def run_micro_batches(
@@ -53,7 +63,8 @@ def run_micro_batches(
         mb = next(data_iterator)
         module.active, module.calls = model, 0
         try:
-            loss, metrics = loss_fn(mb)
+            with _compute_context(device):
+                loss, metrics = loss_fn(mb)
         except StageOutput as out:
             return out.tensor, None
         finally:
@@ -124,7 +135,8 @@ def pipelined_forward(
                 if not chunk.pre_process:
                     chunk.set_input_tensor(comm.recv_forward((1, 1, 1), is_first_stage=False))
                 try:
-                    logits = module.stage_forward(chunk, input_ids, attention_mask, position_ids)
+                    with _compute_context(device):
+                        logits = module.stage_forward(chunk, input_ids, attention_mask, position_ids)
                     logits = (logits[:, -keep:] if keep else logits).contiguous()
                 except StageOutput as out:
                     comm.send_forward(out.tensor, is_last_stage=False)
