@@ -1,4 +1,4 @@
-"""Recipe mutations: 30 broken variants of the shipped recipes, each rejected before any model exists.
+"""Recipe mutations: 32 broken variants of the shipped recipes, each rejected before any model exists.
 
 Every mutation goes through the real entry point, ``unirl train RECIPE a.b=value``
 (``unirl.apps.cli.main``), with the trainers' ``run`` and every model config's ``build`` replaced
@@ -188,6 +188,26 @@ CONFLICT = [  # options each valid alone, impossible together
         ("backend.tensor_model_parallel_size=2", "layout.kind=ray"),
         ("backend.tensor_model_parallel_size=2", "layout.kind='ray'", "use tensor_model_parallel_size: 1"),
     ),
+    Mutation(
+        "conflict",
+        "arithmetic_grpo_megatron",
+        ("backend.pipeline_model_parallel_size=2", "layout.kind=ray"),
+        (
+            "backend.pipeline_model_parallel_size=2",
+            "layout.kind='ray'",
+            "use pipeline_model_parallel_size: 1",
+        ),
+    ),
+    Mutation(
+        "conflict",
+        "arithmetic_grpo_megatron",
+        (
+            "backend.pipeline_model_parallel_size=2",
+            "backend.reference=frozen_copy",
+            "rl.algorithm.kl_coef=0.1",
+        ),
+        ("rl.algorithm.kl_coef=0.1", "backend.pipeline_model_parallel_size=2", "use kl_coef: 0"),
+    ),
     # caught only since this suite: the U-Net would meet images of another size at the first step
     Mutation(
         "conflict",
@@ -198,7 +218,7 @@ CONFLICT = [  # options each valid alone, impossible together
 ]
 
 MUTATIONS = _seeded_mutations(random.Random(SEED), n_typo=5, n_type=5, n_kind=5) + RANGE + CONFLICT
-assert len(MUTATIONS) == 30
+assert len(MUTATIONS) == 32
 
 
 class _Built(Exception):
@@ -263,6 +283,6 @@ def test_mutation_mix() -> None:
         "type": 5,
         "kind": 5,
         "range": 6,
-        "conflict": 9,
+        "conflict": 11,
     }
     assert len({(*m.overrides, m.recipe) for m in MUTATIONS}) == len(MUTATIONS)

@@ -132,3 +132,45 @@ def test_flow_grpo_train_fraction_trains_the_first_steps_of_each_part(tiny) -> N
     ]
     with pytest.raises(ValueError, match="train_fraction"):
         FlowGRPOConfig(train_fraction=0.0)
+
+
+def test_a_backend_that_runs_the_micro_batches_itself_gets_them_all(tiny) -> None:
+    """`MicroBatchRunner`: TrainStack hands each step's micro-batches and the loss closure to
+    `backend.run_micro_batches` (as MegatronBackend's pipeline schedule needs) instead of its
+    loop, and the step, metrics and weights come out as with the loop."""
+    from unirl.train.backends.base import MicroBatchRunner
+
+    class RunnerBackend:
+        def __init__(self, inner) -> None:
+            self.inner, self.calls = inner, []
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+        def run_micro_batches(self, micro, loss_fn):
+            self.calls.append([len(mb) for mb in micro])
+            out = []
+            for mb in reversed(micro):  # any order: each loss is already globally normalised
+                loss, m = loss_fn(mb)
+                self.inner.backward(loss)
+                out.append((float(loss.detach()), m))
+            return out[::-1]
+
+    ref_metrics, ref_params, _ = run_tokens(tiny, micro=2)
+    torch.manual_seed(0)
+    inner = FSDPConfig(optimizer=AdamWConfig(lr=0.05), grad_clip=None).build(tiny.BigramPolicy(), "cpu")
+    backend = RunnerBackend(inner)
+    assert isinstance(backend, MicroBatchRunner)
+    stack = TrainStack(
+        backend,  # type: ignore[arg-type]
+        tiny.TokenPPO(),
+        tiny.TokenPipeline(inner.module),
+        BatchGeometry(micro_batch_size=2, num_updates_per_batch=2),
+    )
+    metrics = stack.train_on(tiny.token_parts(8))
+    assert backend.calls == [[2, 2, 2, 2], [2, 2, 2, 2]]  # one call per optimizer step
+    assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=1e-6, abs=1e-7)
+    assert metrics["grad_norm"] == pytest.approx(ref_metrics["grad_norm"], rel=1e-6)
+    assert metrics["ratio_mean"] == pytest.approx(ref_metrics["ratio_mean"], rel=1e-6)
+    for n, p in params(inner.module).items():
+        torch.testing.assert_close(p, ref_params[n], atol=1e-6, rtol=0)

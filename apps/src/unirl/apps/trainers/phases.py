@@ -136,6 +136,13 @@ class RunSettings(BaseModel):
                 f"rl.algorithm.kl_coef={kl} needs a reference policy, but backend.reference='none': set "
                 "backend.reference=frozen_copy (the policy RL starts from) or lora_base, or kl_coef=0"
             )
+        pp = getattr(getattr(self, "backend", None), "pipeline_model_parallel_size", 1)
+        if kl and pp > 1:
+            raise ValueError(
+                f"rl.algorithm.kl_coef={kl} with backend.pipeline_model_parallel_size={pp}: the KL term "
+                "runs a second (reference) model forward inside the loss, which the pipeline schedule "
+                "cannot interleave; use kl_coef: 0 or pipeline_model_parallel_size: 1"
+            )
         if (
             rl is not None
             and rl.lifecycle == "async"
@@ -149,12 +156,14 @@ class RunSettings(BaseModel):
         buffer = getattr(rl, "buffer", None)  # a trainer's own RL phase (PE) may have no async buffer
         if rl is not None and buffer is not None and buffer.partial_rollouts:
             _check_partial(rl, self.layout.kind, getattr(self, "trainer", None))
-        tp = getattr(getattr(self, "backend", None), "tensor_model_parallel_size", 1)
-        if tp > 1 and self.layout.kind == "ray":
-            raise ValueError(
-                f"backend.tensor_model_parallel_size={tp} with layout.kind='ray': the Ray train workers are "
-                "data-parallel ranks only for now (each gets its own shard); use tensor_model_parallel_size: 1"
-            )
+        backend = getattr(self, "backend", None)
+        for field in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+            size = getattr(backend, field, 1)
+            if size > 1 and self.layout.kind == "ray":
+                raise ValueError(
+                    f"backend.{field}={size} with layout.kind='ray': the Ray train workers are "
+                    f"data-parallel ranks only for now (each gets its own shard); use {field}: 1"
+                )
         return self
 
 

@@ -8,6 +8,12 @@ One call of `train_on(shard)` per rollout:
    for each micro-batch `loss = algorithm.loss(micro, pipeline, totals)` and `backward(loss)`;
    the loss is already divided by the global denominators, so the summed gradient does not
    depend on how the mini-batch is split; then `backend.step()`.
+
+A backend that must drive the micro-batches itself (megatron-core's pipeline schedule interleaves
+the forwards and backwards of several micro-batches across stages) offers
+``run_micro_batches(micro, loss_fn) -> [(loss value, metrics)]`` (`MicroBatchRunner`); the stack
+then hands it the micro-batches and the loss closure instead of looping. Everything else (totals,
+weights, metrics, the step) is the same code either way.
 """
 
 from __future__ import annotations
@@ -99,10 +105,26 @@ class TrainStack:
         denom_tokens = sum(c[1] for c in counts)
         weights = [c[1] / denom_tokens if denom_tokens else c[0] / len(mini) for c in counts]
         self.backend.zero_grad()
-        loss_sum = 0.0
+        runner = getattr(self.backend, "run_micro_batches", None)
+        if runner is not None and not getattr(self.algorithm, "streams_backward", False):
+            results = runner(micro, lambda mb: self.algorithm.loss(mb, self.pipeline, totals))
+        else:
+            results = self._run_sequential(micro, totals)
         metrics: dict[str, float] = defaultdict(float)
+        for (_, m), w in zip(results, weights):
+            for k, v in m.items():
+                metrics[k] += w * float(v)
+        stats = self.backend.step()
+        metrics["loss"] = self.backend.all_reduce([sum(loss for loss, _ in results)], op="sum")[0]
+        return stats, dict(metrics)
+
+    def _run_sequential(
+        self, micro: Sequence[list[Part]], totals: BatchTotals
+    ) -> list[tuple[float, dict[str, float]]]:
+        """Forward + backward of each micro-batch in turn: its loss value and metrics."""
         streams = getattr(self.algorithm, "streams_backward", False)
-        for i, (mb, w) in enumerate(zip(micro, weights)):
+        results = []
+        for i, mb in enumerate(micro):
             last = i == len(micro) - 1
             if streams:  # the algorithm back-propagates term by term (one step's graph at a time)
 
@@ -113,12 +135,8 @@ class TrainStack:
             else:
                 loss, m = self.algorithm.loss(mb, self.pipeline, totals)
                 self.backend.backward(loss, last_micro_batch=last)
-            loss_sum += float(loss.detach())
-            for k, v in m.items():
-                metrics[k] += w * float(v)
-        stats = self.backend.step()
-        metrics["loss"] = self.backend.all_reduce([loss_sum], op="sum")[0]
-        return stats, dict(metrics)
+            results.append((float(loss.detach()), {k: float(v) for k, v in m.items()}))
+        return results
 
 
 def aggregate(steps: Sequence[tuple[StepStats, dict[str, float]]], global_step: int) -> dict[str, float]:

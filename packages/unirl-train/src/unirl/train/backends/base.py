@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -84,3 +84,20 @@ class TrainBackend(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned."""
+
+
+@runtime_checkable
+class MicroBatchRunner(Protocol):
+    """Optional backend capability: run the forward and backward of an optimizer step's
+    micro-batches itself (a pipeline schedule), instead of TrainStack's loop of ``loss_fn`` +
+    ``backward``.
+
+    ``loss_fn(micro_batch) -> (loss, metrics)`` is the StageAlgorithm's loss, already divided by
+    the mini-batch's global totals (the backend must not rescale it); the result is each
+    micro-batch's ``(loss value, metrics)`` in order, the same on every rank of the model's
+    parallel group. Gradients accumulate as with `backward`; `step()` follows.
+    """
+
+    def run_micro_batches(
+        self, micro: Sequence[Any], loss_fn: Callable[[Any], tuple[torch.Tensor, dict[str, float]]]
+    ) -> list[tuple[float, dict[str, float]]]: ...

@@ -1,9 +1,9 @@
 """MegatronBackend: a Hugging Face causal LM trained as a megatron-core GPTModel.
 
 Built once, in this order: process group -> megatron-core parallel state (TP groups inside the
-world; the rest of the world is data parallel) -> mbridge bridge for the model's family ->
-GPTModel of this rank (local or Transformer Engine layer spec) -> the Hugging Face weights split
-into it -> AdamW + schedule + EMA + frozen reference over its parameters (the same optimizer
+world, then PP stages; the rest of the world is data parallel) -> mbridge bridge for the model's
+family -> the GPTModel chunks of this rank (its pipeline stage, or one chunk per virtual stage;
+local or Transformer Engine layer spec) -> the Hugging Face weights split into them -> AdamW + schedule + EMA + frozen reference over its parameters (the same optimizer
 code as FSDPBackend, so the two backends take the same step from the same gradient).
 
 `module` is the GPTModel behind the Hugging Face forward the pipelines call (`MegatronCausalLM`):
@@ -11,21 +11,21 @@ the replay and every loss run through megatron-core. The Hugging Face module the
 built from stays as the rollout copy: `gathered()` (the trainside sampling context) first loads
 the trained weights into it when it is behind, so KV-cached decode runs on Hugging Face code.
 
-Gradients: losses are already divided by global, rank-summed BatchTotals, so gradients are
-summed over data-parallel ranks; tensor-parallel shards count once in the gradient norm; the
-replicated weights whose gradient each TP rank holds only a part of (the per-head QK norms, and
-the norms under sequence parallelism) are summed over the TP ranks, as megatron-core's
-finalize_model_grads does.
+Training: TrainStack hands the micro-batches of an optimizer step to `run_micro_batches`, which
+runs them through megatron-core's forward-backward schedule (`schedule.py`; 1F1B across the
+pipeline stages at PP > 1). Gradients are reduced over the DP, TP and embedding groups and their
+norm over TP and PP as megatron-core's finalize_model_grads does (`grads.py`).
 
-Checkpoint state is Hugging Face-named and TP-gathered (weights, AdamW moments, EMA, reference),
-so it loads at any tensor-parallel size; the `sharded` checkpoint format writes it as safetensors
+Checkpoint state is Hugging Face-named, TP-gathered and collected over the pipeline stages
+(weights, AdamW moments, EMA, reference; per-parameter step counts under global megatron names),
+so it loads at any tensor- or pipeline-parallel size; the `sharded` checkpoint format writes it as safetensors
 (no pickle) and resumes at another world size.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Literal
 
@@ -35,6 +35,7 @@ import torch.distributed as dist
 from unirl.train.backends.common import OptimizedBackend
 from unirl.train.backends.dist import ensure_process_group, resolve_device
 from unirl.train.backends.megatron import bridge as hf_bridge
+from unirl.train.backends.megatron import grads, layout, schedule
 from unirl.train.backends.megatron.config import MegatronConfig
 from unirl.train.backends.megatron.model import MegatronCausalLM
 from unirl.train.ema import swapped_weights
@@ -55,57 +56,42 @@ class MegatronBackend(OptimizedBackend):
             from unirl.train.backends.megatron import cpu
 
             cpu.install()
-        self._init_parallel_state(config)
+        layout.init_parallel_state(config, self.device)
         hf_config = getattr(module, "config", None)
         if hf_config is None or not hasattr(hf_config, "model_type"):
             raise ValueError(
                 f"backend.kind=megatron needs a Hugging Face causal LM (a module with .config); "
                 f"got {type(module).__name__}"
             )
+        layout.check_layers(config, hf_config)
         self.bridge = hf_bridge.make_bridge(
             hf_config,
             local_spec=self._local_spec(config),
             overrides=self._overrides(config),
             sdpa_attention=config.attention == "sdpa",
         )
-        gpt = hf_bridge.build_gpt_model(self.bridge).to(self.device)
-        hf_bridge.load_hf_weights(self.bridge, gpt, dict(module.state_dict()))
+        chunks = hf_bridge.build_gpt_models(self.bridge, self.device)
+        hf_bridge.load_hf_weights(self.bridge, chunks, dict(module.state_dict()))
         param_dtype, _ = config.precision.resolve(self.device)
         embed = module.get_input_embeddings() if hasattr(module, "get_input_embeddings") else None
-        self.module = MegatronCausalLM(gpt, hf_config, param_dtype, getattr(embed, "padding_idx", None))
-        self.gpt = gpt
+        pad = getattr(embed, "padding_idx", None)
+        self.module = MegatronCausalLM(chunks[0], hf_config, param_dtype, pad, vp_chunks=chunks[1:])
+        self.gpt = chunks[0]  # this rank's (first) model chunk
+        self.chunks = chunks
+        if self.pp_size > 1:
+            self.module.pipelined_forward = schedule.pipelined_forward(self.module, self.device)
         module.requires_grad_(False)
         self.rollout_module = module
         self._tied = _tied_aliases(module)  # e.g. lm_head.weight -> model.embed_tokens.weight
         self._hf_keys = set(module.state_dict()) - set(self._tied)  # each tensor once
         self._rollout_version = 0  # the rollout copy holds the weights of this optimizer step
         trainable = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
+        self._global_names = layout.global_param_names(self.bridge, chunks)
         self._init_optimization(
             trainable, config.optimizer, config.scheduler, config.ema, config.reference == "frozen_copy"
         )
 
     # -- construction -----------------------------------------------------------------------
-    def _init_parallel_state(self, config: MegatronConfig) -> None:
-        from megatron.core import parallel_state as mpu
-        from megatron.core import tensor_parallel
-
-        tp = config.tensor_model_parallel_size
-        world = dist.get_world_size()
-        if world % tp:
-            raise ValueError(
-                f"backend.tensor_model_parallel_size={tp} does not divide the world size {world}; "
-                f"use a divisor of {world}"
-            )
-        if not mpu.model_parallel_is_initialized():
-            mpu.initialize_model_parallel(tensor_model_parallel_size=tp)
-        elif mpu.get_tensor_model_parallel_world_size() != tp:
-            raise ValueError(
-                f"megatron-core is already initialised with TP={mpu.get_tensor_model_parallel_world_size()} "
-                f"in this process, but backend.tensor_model_parallel_size={tp}"
-            )
-        if self.device.type == "cuda":
-            tensor_parallel.model_parallel_cuda_manual_seed(int(torch.initial_seed() % 2**31))
-
     @staticmethod
     def _local_spec(config: MegatronConfig) -> bool:
         has_te = hf_bridge.has_transformer_engine()
@@ -136,6 +122,10 @@ class MegatronBackend(OptimizedBackend):
             "gradient_accumulation_fusion": False,
             "bias_activation_fusion": False,
             "apply_rope_fusion": False,
+            # the schedule's loss function returns (loss, 1, record): megatron-core then neither
+            # divides by the micro-batch count nor by a token count (schedule.py)
+            "calculate_per_token_loss": True,
+            "variable_seq_lengths": True,  # each micro-batch packed to its own length
         }
         if config.recompute != "none":
             out["recompute_granularity"] = config.recompute
@@ -150,56 +140,39 @@ class MegatronBackend(OptimizedBackend):
 
         return mpu.get_tensor_model_parallel_world_size()
 
+    @property
+    def pp_size(self) -> int:
+        from megatron.core import parallel_state as mpu
+
+        return mpu.get_pipeline_model_parallel_world_size()
+
     # -- training ---------------------------------------------------------------------------
+    def run_micro_batches(
+        self, micro: Sequence[Any], loss_fn: Callable[[Any], tuple[torch.Tensor, dict[str, float]]]
+    ) -> list[tuple[float, dict[str, float]]]:
+        """Forward and backward of each micro-batch through megatron-core's schedule, `loss_fn`
+        (already globally normalised) on the last pipeline stage; each micro-batch's
+        ``(loss value, metrics)`` on every rank (collective over the pipeline group)."""
+        return schedule.run_micro_batches(self.module, micro, loss_fn, self.device)
+
     def backward(self, loss: torch.Tensor, *, last_micro_batch: bool = True) -> None:
-        """Accumulate the gradient of `loss` (gradients are reduced once, in `step`)."""
+        """Accumulate the gradient of `loss` (gradients are reduced once, in `step`); at
+        pipeline_model_parallel_size > 1 only `run_micro_batches` trains."""
+        if self.pp_size > 1:
+            raise RuntimeError(
+                "backend.pipeline_model_parallel_size > 1 trains through backend.run_micro_batches "
+                "(megatron-core's schedule), not backward(); an algorithm that streams its backward "
+                "needs pipeline_model_parallel_size: 1"
+            )
         loss.backward()
 
     def _reduce_grads(self) -> None:
-        from megatron.core import parallel_state as mpu
-
-        grads = [p.grad for p in self.trainable.values() if p.grad is not None]
-        if mpu.get_data_parallel_world_size() > 1:
-            _all_reduce_flat(grads, mpu.get_data_parallel_group())
-        if self.tp_size > 1:  # what megatron-core's finalize_model_grads does over the TP group
-            summed, averaged = self._tp_partial_grads()
-            _all_reduce_flat(summed, mpu.get_tensor_model_parallel_group())
-            _all_reduce_flat(averaged, mpu.get_tensor_model_parallel_group(), op=dist.ReduceOp.AVG)
-
-    def _tp_partial_grads(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Gradients of replicated weights that each TP rank holds only a part of: summed are the
-        sequence-parallel norms' and the per-head QK norms' (each rank sees its own heads' or
-        tokens' share), averaged are those megatron-core marks ``average_gradients_across_tp_domain``."""
-        qk = bool(getattr(self.gpt.config, "qk_layernorm", False))
-        summed, averaged = [], []
-        for name, p in self.trainable.items():
-            if p.grad is None:
-                continue
-            if getattr(p, "average_gradients_across_tp_domain", False):
-                averaged.append(p.grad)
-            elif (self.config.sequence_parallel and getattr(p, "sequence_parallel", False)) or (
-                qk and ("q_layernorm" in name or "k_layernorm" in name)
-            ):
-                summed.append(p.grad)
-        return summed, averaged
+        grads.reduce_grads(self.trainable, self.chunks, sequence_parallel=self.config.sequence_parallel)
 
     def _total_grad_norm(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
-        if self.tp_size == 1:
+        if self.tp_size == 1 and self.pp_size == 1:
             return super()._total_grad_norm(params)
-        from megatron.core import parallel_state as mpu
-
-        split = [p.grad for p in params if getattr(p, "tensor_model_parallel", False)]
-        replicated = [p.grad for p in params if not getattr(p, "tensor_model_parallel", False)]
-        norm = torch.nn.utils.get_total_norm
-        sq = (
-            norm(split, error_if_nonfinite=False).float() ** 2
-            if split
-            else torch.zeros((), device=self.device)
-        )
-        dist.all_reduce(sq, group=mpu.get_tensor_model_parallel_group())
-        if replicated:
-            sq = sq + norm(replicated, error_if_nonfinite=False).float() ** 2
-        return sq.sqrt()
+        return grads.total_grad_norm(params, self.device)
 
     def all_reduce(self, values: Sequence[float], op: Literal["sum", "max"] = "sum") -> list[float]:
         """Sum or max of a few scalars over the data-parallel ranks (fp64)."""
@@ -240,14 +213,14 @@ class MegatronBackend(OptimizedBackend):
         self._rollout_version = self._step
 
     def named_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """`(Hugging Face name, CPU tensor)` of each weight, TP-gathered one at a time (a tied
-        weight once): what a weight plane streams without a full copy (collective: every TP rank
-        iterates in step)."""
-        return hf_bridge.iter_hf_weights(self.bridge, self.gpt)
+        """`(Hugging Face name, CPU tensor)` of each weight, TP-gathered and broadcast over the
+        pipeline stages one at a time (a tied weight once): what a weight plane streams without a
+        full copy (collective: every rank iterates in step and gets every weight)."""
+        return hf_bridge.iter_hf_weights(self.bridge, self.chunks, skip=self._tied)
 
     def full_state_dict(self, merge_lora: bool = True) -> dict[str, torch.Tensor]:
-        """Every weight under its Hugging Face name, TP-gathered, on CPU (collective; every rank
-        gets the full dict). The keys are the Hugging Face module's state-dict keys: a tied weight
+        """Every weight under its Hugging Face name, TP-gathered and collected over the pipeline
+        stages, on CPU (collective; every rank gets the full dict). The keys are the Hugging Face module's state-dict keys: a tied weight
         (``lm_head.weight``) appears under both names, as one tensor."""
         out = dict(self.named_hf_weights())
         for alias, original in self._tied.items():
@@ -266,9 +239,11 @@ class MegatronBackend(OptimizedBackend):
 
     def _from_hf(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The inverse of `_to_hf`: this rank's TP shard of each, keyed by parameter name."""
+        # a tied output layer's copy on the last stage loads from the embedding's entry
+        values = {**{a: values[o] for a, o in self._tied.items() if o in values}, **values}
         with torch.no_grad():
             backup = {n: p.detach().clone() for n, p in self.trainable.items()}
-            hf_bridge.load_hf_weights(self.bridge, self.gpt, values)
+            hf_bridge.load_hf_weights(self.bridge, self.chunks, values)
             out = {n: p.detach().clone() for n, p in self.trainable.items()}
             for n, p in self.trainable.items():
                 p.copy_(backup[n])
@@ -288,7 +263,9 @@ class MegatronBackend(OptimizedBackend):
         state: dict[str, Any] = {
             "model": dict(self.named_hf_weights()),
             "optimizer": {
-                "step": {n: s["step"].detach().cpu().clone() for n, s in per_param.items()},
+                "step": layout.gather_steps(
+                    {self._global_names[n]: s["step"].detach().cpu().clone() for n, s in per_param.items()}
+                ),
                 **{k: self._to_hf({n: s[k] for n, s in per_param.items()}) for k in _MOMENTS},
                 "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in opt["param_groups"]],
             },
@@ -327,10 +304,11 @@ class MegatronBackend(OptimizedBackend):
         o = state["optimizer"]
         moments = {k: self._from_hf(o[k]) if o[k] else {} for k in _MOMENTS}
         names = list(self.trainable)
+        steps = o["step"]
         per_param = {
-            i: {"step": o["step"][n], **{k: moments[k][n] for k in _MOMENTS}}
+            i: {"step": steps[self._global_names[n]], **{k: moments[k][n] for k in _MOMENTS}}
             for i, n in enumerate(names)
-            if n in o["step"]
+            if self._global_names[n] in steps
         }
         groups = [{**g, "params": list(range(len(names)))} for g in o["param_groups"]]
         self.optimizer.load_state_dict({"state": per_param, "param_groups": groups})
@@ -345,20 +323,6 @@ class MegatronBackend(OptimizedBackend):
         self._step = int(state["global_step"])
         self._ema_start = int(state.get("ema_start", 0))
         self._rollout_version = -1  # the rollout copy is behind whatever was loaded
-
-
-def _all_reduce_flat(grads: list[torch.Tensor], group: Any, op: Any = dist.ReduceOp.SUM) -> None:
-    """Reduce `grads` over `group` in place (sum by default), as one flat buffer per dtype."""
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for g in grads:
-        by_dtype.setdefault(g.dtype, []).append(g)
-    for same in by_dtype.values():
-        flat = _flatten_dense_tensors(same)
-        dist.all_reduce(flat, op=op, group=group)
-        for g, reduced in zip(same, _unflatten_dense_tensors(flat, same)):
-            g.copy_(reduced)
 
 
 def _tied_aliases(module: torch.nn.Module) -> dict[str, str]:

@@ -16,7 +16,7 @@ things are added here, each small:
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -107,24 +107,49 @@ def make_bridge(
     return bridge
 
 
-def build_gpt_model(bridge: Any) -> torch.nn.Module:
-    """The GPTModel of this rank (one pipeline stage holding every layer: PP = 1). Its random
-    initialisation (overwritten by the loaded weights) leaves torch's RNG streams as they were."""
+def build_gpt_models(bridge: Any, device: torch.device) -> list[torch.nn.Module]:
+    """This rank's GPTModel chunks in pipeline order: one pipeline stage, or one chunk per virtual
+    stage (megatron-core places the layers: `get_transformer_layer_offset`), each with the
+    embedding only on the first stage (``pre_process``) and the output layer only on the last
+    (``post_process``). Collective over the embedding group when a tied output layer lives on a
+    later stage. Their random initialisation (overwritten by the loaded weights) leaves torch's
+    RNG streams as they were."""
+    from megatron.core import parallel_state as mpu
+
+    from unirl.train.backends.megatron import cpu
+
+    vpp = mpu.get_virtual_pipeline_model_parallel_world_size()
+    stages: list[int | None] = list(range(vpp)) if vpp is not None else [None]
+    provider = bridge._model_provider([])
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        return bridge._model_provider([])(pre_process=True, post_process=True)
+    chunks = []
+    with torch.random.fork_rng(devices=devices), cpu.cuda_as_cpu():
+        for vp in stages:
+            pre = mpu.is_pipeline_first_stage(ignore_virtual=vp is None, vp_stage=vp)
+            post = mpu.is_pipeline_last_stage(ignore_virtual=vp is None, vp_stage=vp)
+            kw = {} if vp is None else {"vp_stage": vp}
+            chunks.append(provider(pre_process=pre, post_process=post, **kw).to(device))
+    return chunks
 
 
-def load_hf_weights(bridge: Any, model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    """Copy Hugging Face-named weights into `model` (this rank's TP shard of each)."""
+def load_hf_weights(
+    bridge: Any, chunks: Sequence[torch.nn.Module], state: Mapping[str, torch.Tensor]
+) -> None:
+    """Copy Hugging Face-named weights into this rank's chunks (its TP shard of each weight of its
+    pipeline stage)."""
     with torch.no_grad():
-        bridge.load_weights([model], state)
+        bridge.load_weights(list(chunks), state)
 
 
-def iter_hf_weights(bridge: Any, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """`(Hugging Face name, CPU copy)` of every weight of `model`, one at a time, TP-gathered
-    (collective over the TP group: every rank iterates in step); at most one gathered weight is
-    alive at a time beyond what the consumer keeps."""
+def iter_hf_weights(
+    bridge: Any, chunks: Sequence[torch.nn.Module], skip: Collection[str] = ()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(Hugging Face name, CPU copy)` of every weight of the model, one at a time, broadcast
+    over the pipeline stages and TP-gathered (collective over the pipeline and TP groups: every
+    rank iterates in step and gets every weight); at most one gathered weight is alive at a time
+    beyond what the consumer keeps. Names in `skip` (a tied output layer's second copy on the
+    last stage) are not yielded."""
     with torch.no_grad():
-        for name, t in bridge.export_weights([model]):
-            yield name, t.detach().to("cpu", copy=True)
+        for name, t in bridge.export_weights(list(chunks)):
+            if name not in skip:
+                yield name, t.detach().to("cpu", copy=True)

@@ -1,11 +1,17 @@
 """MegatronConfig: the `backend.kind: megatron` section of a recipe (no megatron-core import here).
 
-The parallel layout follows megatron-core's names. What megatron-core offers but this backend
-does not run yet is refused with the field, the value and what works instead, rather than
-accepted and ignored: pipeline / virtual-pipeline / context / expert parallelism (the TrainStack
-drives forward and backward per micro-batch; a pipeline schedule needs it to hand megatron-core
-the micro-batches instead) and megatron-core's distributed optimizer (its optimizer classes
-allocate on CUDA only; this backend steps the same torch AdamW as FSDPBackend).
+The parallel layout follows megatron-core's names: the world is split into TP groups, then PP
+stages (``tensor_model_parallel_size x pipeline_model_parallel_size`` must divide the world size;
+the rest is data parallel), and the model's layers evenly over the ``pipeline_model_parallel_size
+x (virtual_pipeline_model_parallel_size or 1)`` stages (checked when the backend is built, where
+the world and the model are known). Under pipeline parallelism the TrainStack hands the
+micro-batches of a step to megatron-core's 1F1B schedule (interleaved with virtual stages, which
+needs at least ``pipeline_model_parallel_size`` micro-batches per step, a multiple of it).
+
+What megatron-core offers but this backend does not run yet is refused with the field, the
+value and what works instead, rather than accepted and ignored: context and expert parallelism,
+and megatron-core's distributed optimizer (its optimizer classes allocate on CUDA only; this
+backend steps the same torch AdamW as FSDPBackend).
 """
 
 from __future__ import annotations
@@ -49,8 +55,18 @@ class MegatronConfig(BaseModel):
     sequence_parallel: bool = Field(
         default=False, description="Shard LayerNorm/dropout activations over the TP ranks (needs TP > 1)."
     )
-    pipeline_model_parallel_size: int = Field(default=1, ge=1)
-    virtual_pipeline_model_parallel_size: int | None = Field(default=None, ge=1)
+    pipeline_model_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        description="Pipeline stages the layers are split over (1F1B schedule); > 1 supports one "
+        "model forward per micro-batch, so no KL reference forward inside the loss (kl_coef: 0).",
+    )
+    virtual_pipeline_model_parallel_size: int | None = Field(
+        default=None,
+        ge=2,
+        description="Model chunks per pipeline rank (interleaved 1F1B); None = one. Needs "
+        "pipeline_model_parallel_size > 1.",
+    )
     context_parallel_size: int = Field(default=1, ge=1)
     expert_model_parallel_size: int = Field(default=1, ge=1)
     distributed_optimizer: bool = False
@@ -71,16 +87,12 @@ class MegatronConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> MegatronConfig:
-        if self.pipeline_model_parallel_size != 1:
-            raise _unsupported(
-                "pipeline_model_parallel_size", self.pipeline_model_parallel_size,
-                "use 1 and scale with tensor_model_parallel_size and data-parallel ranks",
-            )  # fmt: skip
-        if self.virtual_pipeline_model_parallel_size is not None:
-            raise _unsupported(
-                "virtual_pipeline_model_parallel_size", self.virtual_pipeline_model_parallel_size,
-                "leave it unset (it needs pipeline parallelism)",
-            )  # fmt: skip
+        if self.virtual_pipeline_model_parallel_size is not None and self.pipeline_model_parallel_size == 1:
+            raise ValueError(
+                f"backend.virtual_pipeline_model_parallel_size={self.virtual_pipeline_model_parallel_size} "
+                "needs backend.pipeline_model_parallel_size > 1 (got 1); leave it unset or raise "
+                "pipeline_model_parallel_size"
+            )
         if self.context_parallel_size != 1:
             raise _unsupported("context_parallel_size", self.context_parallel_size, "use 1")
         if self.expert_model_parallel_size != 1:

@@ -8,6 +8,16 @@ torch's CPU generator in place of the second and makes the third an empty state;
 the GPTModel, its tensor-parallel layers and their gloo collectives are megatron-core's own.
 On a CUDA machine it does nothing. megatron-core's optimizers allocate on CUDA too; the backend
 does not use them.
+
+Pipeline parallelism meets three more CUDA names, each patched only as far as it reaches:
+`torch.cuda.synchronize()` after the p2p shape exchange of ``variable_seq_lengths``
+(`P2PCommunicator._communicate_shapes`; a no-op here: gloo's sends complete before ``wait``
+returns), ``torch.zeros(..., device="cuda")`` for the token count of every schedule
+(`forward_backward_*`), and ``weight.data.cuda()`` where a tied output layer on the last stage
+first copies the embedding of the first (`LanguageModule.setup_embeddings_and_output_layer`).
+The last two run inside `cuda_as_cpu()`, a torch-function mode that maps a ``cuda`` device to
+the CPU, entered around model construction and the schedule only (and suspended around the
+model's compute inside the schedule, `compute_outside_cuda_as_cpu()`).
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 _SEED = 2718  # megatron-core's own default model-parallel seed offset
 
@@ -27,6 +38,7 @@ def install() -> None:
     from megatron.core.tensor_parallel import random as mrandom
 
     torch.cuda.current_device = _cpu_device  # type: ignore[assignment]
+    torch.cuda.synchronize = _no_synchronize  # type: ignore[assignment]
     # activation recomputation saves and restores "all" RNG states: the CPU one (kept) and the
     # CUDA one (none here)
     mrandom._get_cuda_rng_state = _no_cuda_rng_state
@@ -42,6 +54,49 @@ def install() -> None:
 
 def _cpu_device() -> torch.device:
     return torch.device("cpu")
+
+
+def _no_synchronize(device: object = None) -> None:
+    return None
+
+
+def _is_cuda(device: object) -> bool:
+    return (isinstance(device, str) and device.startswith("cuda")) or (
+        isinstance(device, torch.device) and device.type == "cuda"
+    )
+
+
+class _CudaAsCPU(TorchFunctionMode):
+    """``device="cuda"`` -> CPU for torch functions, and ``Tensor.cuda()`` -> the tensor itself."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if _is_cuda(kwargs.get("device")):
+            kwargs = {**kwargs, "device": torch.device("cpu")}
+        return func(*args, **kwargs)
+
+
+def cuda_as_cpu() -> contextlib.AbstractContextManager[object]:
+    """Context in which megatron-core's hard-coded ``cuda`` allocations land on the CPU (no-op
+    with CUDA)."""
+    if torch.cuda.is_available():
+        return contextlib.nullcontext()
+    return _CudaAsCPU()
+
+
+@contextlib.contextmanager
+def compute_outside_cuda_as_cpu() -> Iterator[None]:
+    """Suspend an active `cuda_as_cpu()` mode around model compute inside the schedule: the mode
+    costs a Python call per torch op (~30% of the tiny test model's forward + backward), and the
+    model's own allocations need no mapping (`install()` covers them)."""
+    stack = torch.overrides._get_current_function_mode_stack()
+    if not stack or not isinstance(stack[-1], _CudaAsCPU):
+        yield
+        return
+    with torch.overrides._pop_mode_temporarily():
+        yield
 
 
 def _no_cuda_rng_state(*args: object, **kwargs: object) -> torch.Tensor:
