@@ -1,7 +1,8 @@
 """DiffusionTrainer: the diffusion / flow-matching domain of the shared lifecycle (see base.py).
 
 SFT regresses the velocity on (image, caption) pairs of the data source; RL samples with the
-trainside engine (the SDE with per-step log-probs), scores the decoded images and trains the
+``rollout.engine`` (trainside: the SDE with per-step log-probs; sglang / vllm_omni: an HTTP server,
+checked by the sigma echo and log-prob parity, see diffusion_rollout.py), scores the decoded images and trains the
 configured StageAlgorithm. Evaluation samples held-out prompts with the ODE (eta = 0).
 """
 
@@ -14,12 +15,13 @@ import numpy as np
 import torch
 
 from unirl.apps.evalstats import pairwise_diversity
+from unirl.apps.loop import StopFlag
 from unirl.apps.plots import sample_grid
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.base import Trainer, run_trainer
 from unirl.apps.trainers.diffusion_config import Recipe
+from unirl.apps.trainers.diffusion_rollout import RemoteDiffusionRollout, build_engine
 from unirl.reward.service import RewardService
-from unirl.rollout.engines import TrainsideEngine
 from unirl.rollout.pipelines import FlowMatchPipeline
 from unirl.types import LatentTrajectory, Part, Sample, VideoPrimitive, to_numpy
 
@@ -41,7 +43,7 @@ class DiffusionTrainer(Trainer):
             record_old_means=alg is not None and alg.kind == "flow_dppo",
         )
         self.backend = recipe.backend.build(self.bundle.transformer, device=self.device)
-        self.engine = TrainsideEngine(self.pipeline, weight_version=lambda: self.backend.global_step)
+        self.engine = build_engine(recipe.rollout, self.pipeline, lambda: self.backend.global_step)
         self.reward = RewardService.local(recipe.reward)
         self.algorithm = alg.build() if alg is not None else None
         if self.algorithm is not None:
@@ -61,6 +63,17 @@ class DiffusionTrainer(Trainer):
     @property
     def ema_rollout(self) -> bool:
         return self.cfg.rl is not None and self.cfg.rl.algorithm.kind == "diffusion_nft"
+
+    def after_train_step(self) -> dict[str, float]:
+        """A remote engine's guard metrics of this step's rollout (sigma echo, log-prob parity)."""
+        return self.engine.metrics() if isinstance(self.engine, RemoteDiffusionRollout) else {}
+
+    def run_all(self, mode: str, stop: StopFlag) -> None:
+        try:
+            super().run_all(mode, stop)
+        finally:
+            if isinstance(self.engine, RemoteDiffusionRollout):
+                self.engine.close()
 
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:
         if not hasattr(self.data, "sft_examples"):
