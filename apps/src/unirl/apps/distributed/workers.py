@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
+from unirl.apps.loop import pick_device
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.base import pick_device
 from unirl.distributed.codec import Checksum
 from unirl.distributed.errors import WeightSyncError
 from unirl.distributed.rank import RankInfo

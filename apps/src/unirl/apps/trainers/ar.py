@@ -15,25 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from unirl.apps.evalstats import distinct_fraction
+from unirl.apps.launch import run_trainer
 from unirl.apps.loop import PromptRecord, StopFlag, make_samples
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.ar_config import Recipe
-from unirl.apps.trainers.base import Trainer, run_trainer
+from unirl.apps.trainers.ar_config import Recipe, engine_model_dir
+from unirl.apps.trainers.base import Trainer
 from unirl.distributed.weightsync import Endpoint, EngineSync, EngineWeightPlane
 from unirl.reward.service import RewardService
 from unirl.rollout.engines import TrainsideEngine
 from unirl.types import Part, Sample, TextPrimitive, TextSegment
 
 __all__ = ["ARTrainer", "Recipe", "engine_model_dir", "run"]
-
-
-def engine_model_dir(recipe: Recipe, bundle: Any, scratch: Path) -> Path:
-    """Where a dedicated engine loads its initial weights: the model's own local directory, else
-    (built in code, GGUF, 'pkg:') ``bundle``'s weights saved to ``scratch``."""
-    path = recipe.model.path
-    if path and recipe.model.gguf_file is None and (Path(path) / "config.json").is_file():
-        return Path(path)
-    return Path(bundle.save_pretrained(scratch))
 
 
 class ARTrainer(Trainer):

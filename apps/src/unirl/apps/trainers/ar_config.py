@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
@@ -117,3 +118,12 @@ class Recipe(RunSettings):
                 "supported yet (the async rollout thread samples with a trainside copy); use kind='trainside'"
             )
         return self
+
+
+def engine_model_dir(recipe: Recipe, bundle: Any, scratch: Path) -> Path:
+    """Where a dedicated engine loads its initial weights: the model's own local directory, else
+    (built in code, GGUF, 'pkg:') ``bundle``'s weights saved to ``scratch``."""
+    path = recipe.model.path
+    if path and recipe.model.gguf_file is None and (Path(path) / "config.json").is_file():
+        return Path(path)
+    return Path(bundle.save_pretrained(scratch))

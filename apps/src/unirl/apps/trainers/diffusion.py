@@ -15,10 +15,11 @@ import numpy as np
 import torch
 
 from unirl.apps.evalstats import pairwise_diversity
+from unirl.apps.launch import run_trainer
 from unirl.apps.loop import StopFlag
 from unirl.apps.plots import sample_grid
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.base import Trainer, run_trainer
+from unirl.apps.trainers.base import Trainer
 from unirl.apps.trainers.diffusion_config import Recipe
 from unirl.apps.trainers.diffusion_rollout import RemoteDiffusionRollout, build_engine
 from unirl.reward.service import RewardService
