@@ -18,7 +18,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from unirl.apps.distributed.layout import LayoutConfig, check_layout
@@ -62,6 +61,7 @@ class DistributedRL(Trainer):
         self.reward = RewardService.local(recipe.reward)
         alg = recipe.rl.algorithm if recipe.rl else None
         self.algorithm = alg.build() if alg is not None else None  # reward shaping only (driver side)
+        self.steps = domain.make_steps(recipe, self.algorithm)  # shaping, grids, diversity: model-free
         engine = getattr(getattr(recipe, "rollout", None), "engine", None)
         self.dedicated = getattr(engine, "kind", "trainside") != "trainside"
         """True when the rollout workers sample with a dedicated engine (vLLM)."""
@@ -205,15 +205,6 @@ class DistributedRL(Trainer):
     # ---- domain hooks: the domain's own, where they need no model ---------------------------------
     def eval_params(self) -> Any:
         return self._eval_params
-
-    def shape_rewards(self, parts: list[Part]) -> None:
-        self.domain.shape_rewards(self, parts)  # type: ignore[arg-type]  # uses only self.algorithm
-
-    def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path | None:
-        return self.domain.save_grid(self, samples, rewards, path)  # type: ignore[arg-type]  # uses self.stage
-
-    def sample_diversity(self, samples: list[Sample]) -> float | None:
-        return self.domain.sample_diversity(self, samples)  # type: ignore[arg-type]  # uses self.stage
 
     def rollout(self, samples: list[Sample], step: int) -> list[Sample]:
         return self.engine.generate(samples, rollout_step=step)

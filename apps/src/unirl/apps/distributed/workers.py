@@ -29,6 +29,7 @@ import torch
 
 from unirl.apps.loop import pick_device
 from unirl.apps.run_dir import RunDir
+from unirl.apps.trainers.components import PolicyRecipe
 from unirl.distributed.codec import Checksum
 from unirl.distributed.errors import WeightSyncError
 from unirl.distributed.rank import RankInfo
@@ -195,29 +196,15 @@ class TrainWorker:
         return dict(load_checkpoint(path, self.backend))
 
 
-def build_rollout(recipe: Any, stage: str, device: torch.device) -> tuple[Any, Any, torch.nn.Module]:
-    """(bundle, pipeline, trainable module) of the recipe's domain, built as its trainer builds them."""
-    if recipe.trainer == "ar":
-        from unirl.rollout.ar import ARPipeline
-
-        bundle = recipe.model.model_copy(update={"device": str(device)}).build()
-        pipe = ARPipeline(bundle, recipe.sampling, stage=stage, prompt_template=recipe.prompt_template)
-        return bundle, pipe, bundle.model
-    if recipe.trainer == "diffusion":
-        from unirl.rollout.pipelines import FlowMatchPipeline
-
-        bundle = recipe.model.build(device, recipe.seed)
-        alg = recipe.rl.algorithm if recipe.rl else None
-        overrides = getattr(alg, "sampling_overrides", None)
-        params = recipe.sampling.model_copy(update=overrides()) if callable(overrides) else recipe.sampling
-        pipe = FlowMatchPipeline(
-            bundle,
-            stage=stage,
-            default_params=params,
-            record_old_means=alg is not None and alg.kind == "flow_dppo",
+def build_rollout(recipe: PolicyRecipe, stage: str, device: torch.device) -> tuple[Any, Any, torch.nn.Module]:
+    """(bundle, pipeline, trainable module) of the recipe's domain: its ``build_policy``, the one
+    the trainer builds its own policy with, as a rollout copy."""
+    if not isinstance(recipe, PolicyRecipe):
+        raise TypeError(
+            f"a {type(recipe).__name__} builds no policy: Ray layouts run the 'ar' and 'diffusion' recipes"
         )
-        return bundle, pipe, bundle.transformer
-    raise ValueError(f"recipe trainer={recipe.trainer!r} has no rollout worker (known: 'ar', 'diffusion')")
+    p = recipe.build_policy(device, stage=stage, rollout_copy=True)
+    return p.bundle, p.pipeline, p.module
 
 
 def rollout_module(recipe: Any, stage: str, device: torch.device) -> tuple[Any, Any, torch.nn.Module]:

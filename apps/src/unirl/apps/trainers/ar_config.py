@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from unirl.apps.data import PromptListConfig
+from unirl.apps.trainers.components import Policy
 from unirl.apps.trainers.phases import RLPhase, RunSettings, SFTPhaseBase
 from unirl.apps.worlds.arithmetic_source import ArithmeticDataConfig
 from unirl.apps.worlds.shapes_vqa import ShapesVQAConfig
@@ -100,6 +102,24 @@ class Recipe(RunSettings):
     rollout: ARRolloutConfig = Field(
         default_factory=ARRolloutConfig, description="rollout engine (trainside: the training module itself)"
     )
+
+    def build_policy(
+        self, device: torch.device, *, stage: str = "ar", rollout_copy: bool = False
+    ) -> Policy[Any, Any]:
+        """The bundle (``model`` on ``device``) and its pipeline, as every process of the run builds
+        them. The trainer's decodes with ``rollout.engine.decoder`` (trainside); a ``rollout_copy``
+        (Ray rollout worker, async rollout thread) and a dedicated engine's reference decode dynamic."""
+        bundle = self.model.model_copy(update={"device": str(device)}).build()
+        engine = self.rollout.engine
+        decoder = engine.decoder if engine.kind == "trainside" and not rollout_copy else "dynamic"
+        pipeline = self.model.pipeline(
+            bundle,  # type: ignore[arg-type]  # each model config pairs with its own bundle
+            self.sampling,
+            stage=stage,
+            prompt_template=self.prompt_template,
+            decoder=decoder,
+        )
+        return Policy(bundle, pipeline, bundle.model)
 
     @model_validator(mode="after")
     def _dedicated_engine(self) -> Recipe:

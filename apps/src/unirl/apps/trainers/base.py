@@ -23,6 +23,7 @@ from unirl.apps.loop import StopFlag, latest_checkpoint, make_samples, pick_devi
 from unirl.apps.progress import PhaseProgress
 from unirl.apps.run_dir import RunDir
 from unirl.apps.run_state import capture, restore
+from unirl.apps.trainers.components import DomainSteps, NoSteps
 from unirl.train.checkpoint import load_checkpoint, read_checkpoint_file, save_checkpoint
 from unirl.train.geometry import BatchGeometry
 from unirl.train.stack import TrainStack
@@ -53,6 +54,8 @@ class Trainer:
     reward: Any
     data: Any
     algorithm: Any
+    steps: DomainSteps = NoSteps()
+    """The domain's model-free steps (``make_steps``)."""
 
     def __init__(self, recipe: Any, run_dir: RunDir) -> None:
         self.cfg, self.run = recipe, run_dir
@@ -85,13 +88,18 @@ class Trainer:
         """Sampling params for held-out evaluation."""
         raise NotImplementedError
 
+    @classmethod
+    def make_steps(cls, recipe: Any, algorithm: object) -> DomainSteps:
+        """The domain's model-free steps (``self.steps``; the Ray driver builds its own)."""
+        return NoSteps()
+
     def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path | None:
-        return None
+        return self.steps.save_grid(samples, rewards, path)
 
     def sample_diversity(self, samples: list[Sample]) -> float | None:
         """How different one prompt's samples are (the mean over prompts is the evaluation's
         ``diversity``: a policy that narrows shows it falling); None where the domain has none."""
-        return None
+        return self.steps.sample_diversity(samples)
 
     def rollout_side(self) -> Any:
         """The async lifecycle's rollout side (``unirl.apps.asynchronous.RolloutSide``): here a
@@ -111,6 +119,7 @@ class Trainer:
 
     def shape_rewards(self, parts: list[Part]) -> None:
         """Reward shaping before advantages (e.g. DAPO's overlong penalty); none by default."""
+        self.steps.shape_rewards(parts)
 
     @property
     def ema_rollout(self) -> bool:

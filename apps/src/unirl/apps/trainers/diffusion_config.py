@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
+import torch
 from pydantic import Field, model_validator
 
 from unirl.apps.data import PromptListConfig
 from unirl.apps.models import DiffusionModelConfig, TinyShapesModelConfig, TinyVideoModelConfig
+from unirl.apps.trainers.components import Policy
 from unirl.apps.trainers.diffusion_rollout import DiffusionRolloutConfig, TrainsideDiffusionEngineConfig
 from unirl.apps.trainers.phases import RLPhase, RunSettings, SFTPhaseBase
 from unirl.apps.worlds.moving_shapes import MovingShapesDataConfig
@@ -15,6 +17,7 @@ from unirl.apps.worlds.shapes_source import ShapesDataConfig
 from unirl.reward.config import ServiceConfig
 from unirl.rollout.engines.sglang_diffusion import SDE_TYPES as SGLANG_SDE
 from unirl.rollout.engines.vllm_omni import SDE_TYPES as OMNI_SDE
+from unirl.rollout.pipelines import FlowMatchPipeline
 from unirl.train.algorithms import DiffusionNFTConfig, FlowSFTConfig
 from unirl.train.backends.config import BackendConfig
 from unirl.types import DiffusionSamplingParams
@@ -43,6 +46,26 @@ class Recipe(RunSettings):
         default_factory=DiffusionRolloutConfig,
         description="rollout engine (trainside: the training module itself; sglang / vllm_omni: a server)",
     )
+
+    def rollout_params(self) -> DiffusionSamplingParams:
+        """``sampling`` with what the RL algorithm requires (e.g. DanceGRPO's SDE strategy)."""
+        overrides = getattr(self.rl.algorithm if self.rl else None, "sampling_overrides", None)
+        return self.sampling.model_copy(update=overrides()) if callable(overrides) else self.sampling
+
+    def build_policy(
+        self, device: torch.device, *, stage: str = "diffusion", rollout_copy: bool = False
+    ) -> Policy[Any, FlowMatchPipeline]:
+        """The bundle (``model``, seeded by ``seed``) and its FlowMatchPipeline, as every process of
+        the run builds them (a rollout copy samples the same; ``rollout_copy`` changes nothing here)."""
+        bundle = self.model.build(device, self.seed)
+        alg = self.rl.algorithm if self.rl else None
+        pipeline = FlowMatchPipeline(
+            bundle,
+            stage=stage,
+            default_params=self.rollout_params(),
+            record_old_means=alg is not None and alg.kind == "flow_dppo",
+        )
+        return Policy(bundle, pipeline, bundle.transformer)
 
     @model_validator(mode="after")
     def _remote_engine(self) -> Recipe:
