@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any
 
 from unirl.apps.distributed.layout import LayoutConfig, check_layout
-from unirl.apps.distributed.workers import RolloutWorker, TrainWorker
+from unirl.apps.distributed.workers import LayoutRecipe, RolloutWorker, TrainWorker
 from unirl.apps.loop import StopFlag, latest_checkpoint
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.base import ASYNC_BUFFER_FILE, Trainer
@@ -53,7 +53,9 @@ class RemoteEngine:
 class DistributedRL(Trainer):
     """A domain trainer (``domain``: ARTrainer, DiffusionTrainer) laid out on Ray workers."""
 
-    def __init__(self, recipe: Any, run_dir: RunDir, domain: type[Trainer], layout: LayoutConfig) -> None:
+    def __init__(
+        self, recipe: LayoutRecipe, run_dir: RunDir, domain: type[Trainer], layout: LayoutConfig
+    ) -> None:
         check_layout(recipe, layout)
         super().__init__(recipe, run_dir)
         self.domain, self.layout, self.stage = domain, layout, domain.stage
@@ -62,8 +64,7 @@ class DistributedRL(Trainer):
         alg = recipe.rl.algorithm if recipe.rl else None
         self.algorithm = alg.build() if alg is not None else None  # reward shaping only (driver side)
         self.steps = domain.make_steps(recipe, self.algorithm)  # shaping, grids, diversity: model-free
-        engine = getattr(getattr(recipe, "rollout", None), "engine", None)
-        self.dedicated = getattr(engine, "kind", "trainside") != "trainside"
+        self.dedicated = recipe.rollout.engine.kind != "trainside"
         """True when the rollout workers sample with a dedicated engine (vLLM)."""
         self.synced_version: int | None = None
         self.sync_checks: list[dict[str, Any]] = []

@@ -29,7 +29,9 @@ import torch
 
 from unirl.apps.loop import pick_device
 from unirl.apps.run_dir import RunDir
+from unirl.apps.trainers.ar_config import Recipe as ARRecipe
 from unirl.apps.trainers.components import PolicyRecipe
+from unirl.apps.trainers.diffusion_config import Recipe as DiffusionRecipe
 from unirl.distributed.codec import Checksum
 from unirl.distributed.errors import WeightSyncError
 from unirl.distributed.rank import RankInfo
@@ -57,6 +59,10 @@ __all__ = [
     "rollout_module",
     "weights_checksum",
 ]
+
+
+LayoutRecipe = ARRecipe | DiffusionRecipe
+"""The recipes a Ray layout runs (both have ``rollout.engine``, ``backend.lora``, ``build_policy``)."""
 
 
 def weights_checksum(module: torch.nn.Module | list[tuple[str, torch.Tensor]]) -> str:
@@ -91,10 +97,11 @@ def make_weight_sync(sync: SyncConfig, at: Endpoint) -> WeightSync:
 class TrainWorker:
     """One data-parallel train rank: the domain trainer's backend, pipeline and algorithm."""
 
-    def __init__(self, info: RankInfo, *, domain: type, recipe: Any, scratch: str, threads: int) -> None:
+    def __init__(
+        self, info: RankInfo, *, domain: type, recipe: LayoutRecipe, scratch: str, threads: int
+    ) -> None:
         self.info = info
-        engine = getattr(getattr(recipe, "rollout", None), "engine", None)
-        if getattr(engine, "kind", "trainside") != "trainside":
+        if recipe.rollout.engine.kind != "trainside":
             # the rollout workers own the dedicated engine; a train rank only trains
             recipe = recipe.model_copy(update={"rollout": type(recipe.rollout)()})
         # the domain trainer builds bundle, backend (FSDP2 over this Remote's group), algorithm;
@@ -207,11 +214,13 @@ def build_rollout(recipe: PolicyRecipe, stage: str, device: torch.device) -> tup
     return p.bundle, p.pipeline, p.module
 
 
-def rollout_module(recipe: Any, stage: str, device: torch.device) -> tuple[Any, Any, torch.nn.Module]:
+def rollout_module(
+    recipe: LayoutRecipe, stage: str, device: torch.device
+) -> tuple[Any, Any, torch.nn.Module]:
     """``build_rollout`` made a rollout-only copy of the trained policy: the trainer's LoRA
     adapters injected unmerged (same names, same forward) and no gradients."""
     bundle, pipeline, module = build_rollout(recipe, stage, device)
-    lora = getattr(recipe.backend, "lora", None)
+    lora = recipe.backend.lora
     if lora is not None:
         from unirl.train.lora import inject_lora
 
@@ -223,14 +232,14 @@ def rollout_module(recipe: Any, stage: str, device: torch.device) -> tuple[Any, 
 class RolloutWorker:
     """A trainside pipeline copy that samples and receives weights through the weight plane."""
 
-    def __init__(self, info: RankInfo, *, stage: str, recipe: Any, threads: int) -> None:
+    def __init__(self, info: RankInfo, *, stage: str, recipe: LayoutRecipe, threads: int) -> None:
         from unirl.rollout.engines import TrainsideEngine
 
         self.info = info
         torch.set_num_threads(threads)
         torch.manual_seed(recipe.seed + 1_000 * (info.rank + 1))
         self.bundle, self.pipeline, self.module = rollout_module(recipe, stage, pick_device(recipe.device))
-        lora = getattr(recipe.backend, "lora", None)
+        lora = recipe.backend.lora
         self.engine = TrainsideEngine(self.pipeline, weight_version=0)
         self.params = dict(self.module.named_parameters())
         self.adapters = {n for n in self.params if is_adapter(n)}

@@ -92,10 +92,15 @@ class DiffusionRolloutConfig(BaseModel):
         e = self.engine
         if isinstance(e, TrainsideDiffusionEngineConfig):
             return self
-        for name, default in (("sampling", None), ("stage", "diffusion"), ("prompt_part", None)):
-            if getattr(e, name) != default:
+        given = {
+            "sampling": (e.sampling, None),
+            "stage": (e.stage, "diffusion"),
+            "prompt_part": (e.prompt_part, None),
+        }
+        for name, (value, default) in given.items():
+            if value != default:
                 raise ValueError(
-                    f"rollout.engine.{name}={getattr(e, name)!r}: in a recipe the engine samples with the "
+                    f"rollout.engine.{name}={value!r}: in a recipe the engine samples with the "
                     f"recipe's `sampling` for the 'diffusion' Part; drop rollout.engine.{name}"
                 )
         return self
