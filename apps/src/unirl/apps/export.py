@@ -27,11 +27,18 @@ import torch
 import yaml
 
 from unirl.apps.config import RecipeError, validate
+from unirl.apps.trainers.ar_config import Recipe as ARRecipe
+from unirl.apps.trainers.diffusion_config import Recipe as DiffusionRecipe
 
 __all__ = ["export_run"]
 
 FORMATS = {"diffusion": "diffusers", "ar": "hf"}
 """Trainer kind -> the export format its models have."""
+
+
+def recipe_class(kind: str) -> type[ARRecipe] | type[DiffusionRecipe]:
+    """The Recipe model of an exportable trainer kind (a key of ``FORMATS``)."""
+    return DiffusionRecipe if kind == "diffusion" else ARRecipe
 
 
 def export_run(
@@ -43,7 +50,6 @@ def export_run(
     ema: bool = False,
 ) -> Path:
     """Export ``run_dir``'s last checkpoint; returns the output folder (default ``RUN_DIR/export-<fmt>``)."""
-    from unirl.apps.cli import trainer_module
     from unirl.apps.loop import latest_checkpoint
     from unirl.train.checkpoint import load_checkpoint
 
@@ -59,7 +65,7 @@ def export_run(
         )
     if fmt != FORMATS[kind]:
         raise RecipeError(f"a {kind} run exports as --format {FORMATS[kind]}, not --format {fmt}")
-    recipe = validate(trainer_module(kind).Recipe, data, source=str(cfg_path))
+    recipe = validate(recipe_class(kind), data, source=str(cfg_path))
     ckpt = latest_checkpoint(root)
     if ckpt is None:
         raise RecipeError(f"{root}/checkpoints has no complete checkpoint to export; train the run first")

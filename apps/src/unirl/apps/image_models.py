@@ -17,7 +17,13 @@ __all__ = [
     "QwenImageModelConfig",
     "WanModelConfig",
     "ZImageModelConfig",
+    "torch_dtype",
 ]
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a recipe's ``dtype`` name (float32 | bfloat16 | float16)."""
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 class _DiffusersFamilyConfig(BaseModel):
@@ -43,8 +49,6 @@ class _DiffusersFamilyConfig(BaseModel):
         return {}
 
     def build(self, device: torch.device, seed: int) -> Any:
-        from unirl.apps.models import torch_dtype
-
         cls = self.bundle_class()
         if self.path is None:
             return cls.tiny(seed=seed, **self.tiny_kwargs()).to(device)
@@ -141,8 +145,6 @@ class WanModelConfig(_DiffusersFamilyConfig):
         return {"two_experts": self.tiny_two_experts, "flow_shift": self.tiny_flow_shift}
 
     def load_kwargs(self) -> dict[str, Any]:
-        from unirl.apps.models import torch_dtype
-
         return {"vae_dtype": torch_dtype(self.vae_dtype), "fps": self.fps}
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from unirl.types import ImagePrimitive, Sample, SampleMetadata, TextPrimitive
 
 
@@ -88,3 +90,10 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     from unirl.train.checkpoint import latest_complete
 
     return latest_complete(run_dir / "checkpoints" / "latest")
+
+
+def pick_device(name: str) -> torch.device:
+    """The recipe's ``device``: ``auto`` is CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)

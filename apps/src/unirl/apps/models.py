@@ -14,14 +14,11 @@ from unirl.apps.image_models import (
     QwenImageModelConfig,
     WanModelConfig,
     ZImageModelConfig,
+    torch_dtype,
 )
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 DType = Literal["float32", "bfloat16", "float16"]
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 class SD3ModelConfig(BaseModel):

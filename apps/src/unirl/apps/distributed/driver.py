@@ -18,11 +18,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from unirl.apps.distributed.layout import LayoutConfig, check_layout
-from unirl.apps.distributed.workers import RolloutWorker, TrainWorker
+from unirl.apps.distributed.workers import LayoutRecipe, RolloutWorker, TrainWorker
 from unirl.apps.loop import StopFlag, latest_checkpoint
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.base import ASYNC_BUFFER_FILE, Trainer
@@ -54,7 +53,9 @@ class RemoteEngine:
 class DistributedRL(Trainer):
     """A domain trainer (``domain``: ARTrainer, DiffusionTrainer) laid out on Ray workers."""
 
-    def __init__(self, recipe: Any, run_dir: RunDir, domain: type[Trainer], layout: LayoutConfig) -> None:
+    def __init__(
+        self, recipe: LayoutRecipe, run_dir: RunDir, domain: type[Trainer], layout: LayoutConfig
+    ) -> None:
         check_layout(recipe, layout)
         super().__init__(recipe, run_dir)
         self.domain, self.layout, self.stage = domain, layout, domain.stage
@@ -62,8 +63,8 @@ class DistributedRL(Trainer):
         self.reward = RewardService.local(recipe.reward)
         alg = recipe.rl.algorithm if recipe.rl else None
         self.algorithm = alg.build() if alg is not None else None  # reward shaping only (driver side)
-        engine = getattr(getattr(recipe, "rollout", None), "engine", None)
-        self.dedicated = getattr(engine, "kind", "trainside") != "trainside"
+        self.steps = domain.make_steps(recipe, self.algorithm)  # shaping, grids, diversity: model-free
+        self.dedicated = recipe.rollout.engine.kind != "trainside"
         """True when the rollout workers sample with a dedicated engine (vLLM)."""
         self.synced_version: int | None = None
         self.sync_checks: list[dict[str, Any]] = []
@@ -205,15 +206,6 @@ class DistributedRL(Trainer):
     # ---- domain hooks: the domain's own, where they need no model ---------------------------------
     def eval_params(self) -> Any:
         return self._eval_params
-
-    def shape_rewards(self, parts: list[Part]) -> None:
-        self.domain.shape_rewards(self, parts)  # type: ignore[arg-type]  # uses only self.algorithm
-
-    def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path | None:
-        return self.domain.save_grid(self, samples, rewards, path)  # type: ignore[arg-type]  # uses self.stage
-
-    def sample_diversity(self, samples: list[Sample]) -> float | None:
-        return self.domain.sample_diversity(self, samples)  # type: ignore[arg-type]  # uses self.stage
 
     def rollout(self, samples: list[Sample], step: int) -> list[Sample]:
         return self.engine.generate(samples, rollout_step=step)

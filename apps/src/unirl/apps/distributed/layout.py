@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from unirl.distributed.weightsync.config import BucketsSync, SyncConfig
 
-__all__ = ["LayoutConfig", "check_layout"]
+__all__ = ["LayoutConfig", "check_layout", "ensure_ray"]
 
 
 class LayoutConfig(BaseModel):
@@ -110,3 +110,11 @@ def check_layout(recipe: Any, layout: LayoutConfig) -> None:
         raise ValueError(
             f"layout.train_workers={n} does not divide sft.batch_size={sft.batch_size}; pick a divisor"
         )
+
+
+def ensure_ray(layout: LayoutConfig) -> None:
+    """Join ``layout.ray_address``, the running Ray instance, or start a local one."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=layout.ray_address, include_dashboard=False)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from unirl.apps.distributed.layout import LayoutConfig
-from unirl.apps.trainers.base import Trainer, run_trainer
+from unirl.apps.distributed.layout import ensure_ray
+from unirl.apps.launch import run_trainer
+from unirl.apps.trainers.base import Trainer
 
 __all__ = ["domain_trainer", "ensure_ray", "run"]
 
@@ -22,14 +23,6 @@ def domain_trainer(recipe: Any) -> type[Trainer]:
 
         return DiffusionTrainer
     raise ValueError(f"recipe trainer={recipe.trainer!r} has no layout support (known: 'ar', 'diffusion')")
-
-
-def ensure_ray(layout: LayoutConfig) -> None:
-    """Join ``layout.ray_address``, the running Ray instance, or start a local one."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address=layout.ray_address, include_dashboard=False)
 
 
 def run(recipe: Any, run_dir: Path, *, mode: str = "train", recipe_name: str = "") -> int:

@@ -34,7 +34,7 @@ class VLLMRolloutWorker(RolloutWorker):
     """A rollout worker whose samples come from vLLM (``rollout.engine.kind: vllm``)."""
 
     def __init__(self, info: RankInfo, *, stage: str, recipe: Any, threads: int, scratch: str) -> None:
-        from unirl.apps.trainers.ar import engine_model_dir
+        from unirl.apps.trainers.ar_config import engine_model_dir
 
         super().__init__(info, stage=stage, recipe=recipe, threads=threads)
         # before vLLM is imported: its engine core runs in this process (see the module doc)

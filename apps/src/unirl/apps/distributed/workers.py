@@ -27,8 +27,11 @@ from typing import Any
 
 import torch
 
+from unirl.apps.loop import pick_device
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.base import pick_device
+from unirl.apps.trainers.ar_config import Recipe as ARRecipe
+from unirl.apps.trainers.components import PolicyRecipe
+from unirl.apps.trainers.diffusion_config import Recipe as DiffusionRecipe
 from unirl.distributed.codec import Checksum
 from unirl.distributed.errors import WeightSyncError
 from unirl.distributed.rank import RankInfo
@@ -56,6 +59,10 @@ __all__ = [
     "rollout_module",
     "weights_checksum",
 ]
+
+
+LayoutRecipe = ARRecipe | DiffusionRecipe
+"""The recipes a Ray layout runs (both have ``rollout.engine``, ``backend.lora``, ``build_policy``)."""
 
 
 def weights_checksum(module: torch.nn.Module | list[tuple[str, torch.Tensor]]) -> str:
@@ -90,10 +97,11 @@ def make_weight_sync(sync: SyncConfig, at: Endpoint) -> WeightSync:
 class TrainWorker:
     """One data-parallel train rank: the domain trainer's backend, pipeline and algorithm."""
 
-    def __init__(self, info: RankInfo, *, domain: type, recipe: Any, scratch: str, threads: int) -> None:
+    def __init__(
+        self, info: RankInfo, *, domain: type, recipe: LayoutRecipe, scratch: str, threads: int
+    ) -> None:
         self.info = info
-        engine = getattr(getattr(recipe, "rollout", None), "engine", None)
-        if getattr(engine, "kind", "trainside") != "trainside":
+        if recipe.rollout.engine.kind != "trainside":
             # the rollout workers own the dedicated engine; a train rank only trains
             recipe = recipe.model_copy(update={"rollout": type(recipe.rollout)()})
         # the domain trainer builds bundle, backend (FSDP2 over this Remote's group), algorithm;
@@ -195,36 +203,24 @@ class TrainWorker:
         return dict(load_checkpoint(path, self.backend))
 
 
-def build_rollout(recipe: Any, stage: str, device: torch.device) -> tuple[Any, Any, torch.nn.Module]:
-    """(bundle, pipeline, trainable module) of the recipe's domain, built as its trainer builds them."""
-    if recipe.trainer == "ar":
-        from unirl.rollout.ar import ARPipeline
-
-        bundle = recipe.model.model_copy(update={"device": str(device)}).build()
-        pipe = ARPipeline(bundle, recipe.sampling, stage=stage, prompt_template=recipe.prompt_template)
-        return bundle, pipe, bundle.model
-    if recipe.trainer == "diffusion":
-        from unirl.rollout.pipelines import FlowMatchPipeline
-
-        bundle = recipe.model.build(device, recipe.seed)
-        alg = recipe.rl.algorithm if recipe.rl else None
-        overrides = getattr(alg, "sampling_overrides", None)
-        params = recipe.sampling.model_copy(update=overrides()) if callable(overrides) else recipe.sampling
-        pipe = FlowMatchPipeline(
-            bundle,
-            stage=stage,
-            default_params=params,
-            record_old_means=alg is not None and alg.kind == "flow_dppo",
+def build_rollout(recipe: PolicyRecipe, stage: str, device: torch.device) -> tuple[Any, Any, torch.nn.Module]:
+    """(bundle, pipeline, trainable module) of the recipe's domain: its ``build_policy``, the one
+    the trainer builds its own policy with, as a rollout copy."""
+    if not isinstance(recipe, PolicyRecipe):
+        raise TypeError(
+            f"a {type(recipe).__name__} builds no policy: Ray layouts run the 'ar' and 'diffusion' recipes"
         )
-        return bundle, pipe, bundle.transformer
-    raise ValueError(f"recipe trainer={recipe.trainer!r} has no rollout worker (known: 'ar', 'diffusion')")
+    p = recipe.build_policy(device, stage=stage, rollout_copy=True)
+    return p.bundle, p.pipeline, p.module
 
 
-def rollout_module(recipe: Any, stage: str, device: torch.device) -> tuple[Any, Any, torch.nn.Module]:
+def rollout_module(
+    recipe: LayoutRecipe, stage: str, device: torch.device
+) -> tuple[Any, Any, torch.nn.Module]:
     """``build_rollout`` made a rollout-only copy of the trained policy: the trainer's LoRA
     adapters injected unmerged (same names, same forward) and no gradients."""
     bundle, pipeline, module = build_rollout(recipe, stage, device)
-    lora = getattr(recipe.backend, "lora", None)
+    lora = recipe.backend.lora
     if lora is not None:
         from unirl.train.lora import inject_lora
 
@@ -236,14 +232,14 @@ def rollout_module(recipe: Any, stage: str, device: torch.device) -> tuple[Any, 
 class RolloutWorker:
     """A trainside pipeline copy that samples and receives weights through the weight plane."""
 
-    def __init__(self, info: RankInfo, *, stage: str, recipe: Any, threads: int) -> None:
+    def __init__(self, info: RankInfo, *, stage: str, recipe: LayoutRecipe, threads: int) -> None:
         from unirl.rollout.engines import TrainsideEngine
 
         self.info = info
         torch.set_num_threads(threads)
         torch.manual_seed(recipe.seed + 1_000 * (info.rank + 1))
         self.bundle, self.pipeline, self.module = rollout_module(recipe, stage, pick_device(recipe.device))
-        lora = getattr(recipe.backend, "lora", None)
+        lora = recipe.backend.lora
         self.engine = TrainsideEngine(self.pipeline, weight_version=0)
         self.params = dict(self.module.named_parameters())
         self.adapters = {n for n in self.params if is_adapter(n)}

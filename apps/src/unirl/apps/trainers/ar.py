@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from unirl.apps.evalstats import distinct_fraction
+from unirl.apps.launch import run_trainer
 from unirl.apps.loop import PromptRecord, StopFlag, make_samples
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.ar_config import Recipe
-from unirl.apps.trainers.base import Trainer, run_trainer
+from unirl.apps.trainers.ar_config import Recipe, engine_model_dir
+from unirl.apps.trainers.base import Trainer
+from unirl.apps.trainers.components import NoSteps
 from unirl.distributed.weightsync import Endpoint, EngineSync, EngineWeightPlane
 from unirl.reward.service import RewardService
 from unirl.rollout.engines import TrainsideEngine
@@ -27,31 +29,14 @@ from unirl.types import Part, Sample, TextPrimitive, TextSegment
 __all__ = ["ARTrainer", "Recipe", "engine_model_dir", "run"]
 
 
-def engine_model_dir(recipe: Recipe, bundle: Any, scratch: Path) -> Path:
-    """Where a dedicated engine loads its initial weights: the model's own local directory, else
-    (built in code, GGUF, 'pkg:') ``bundle``'s weights saved to ``scratch``."""
-    path = recipe.model.path
-    if path and recipe.model.gguf_file is None and (Path(path) / "config.json").is_file():
-        return Path(path)
-    return Path(bundle.save_pretrained(scratch))
-
-
 class ARTrainer(Trainer):
     stage = "ar"
 
     def __init__(self, recipe: Recipe, run_dir: RunDir) -> None:
         super().__init__(recipe, run_dir)
-        model_cfg = recipe.model.model_copy(update={"device": str(self.device)})
-        self.bundle = model_cfg.build()
+        policy = recipe.build_policy(self.device, stage=self.stage)
+        self.bundle, self.pipeline = policy.bundle, policy.pipeline
         self.data = recipe.data.build()
-        engine_cfg = recipe.rollout.engine
-        self.pipeline = recipe.model.pipeline(
-            self.bundle,  # type: ignore[arg-type]  # each model config pairs with its own bundle
-            recipe.sampling,
-            stage=self.stage,
-            prompt_template=recipe.prompt_template,
-            decoder=engine_cfg.decoder if engine_cfg.kind == "trainside" else "dynamic",
-        )
         engine_dir = self._engine_model_dir(recipe)  # before the backend shards / wraps the model
         self.backend = recipe.backend.build(self.bundle.model, device=self.device)
         if self.backend.module is not self.bundle.model:  # megatron: replay on the trained module,
@@ -66,6 +51,7 @@ class ARTrainer(Trainer):
         self.reward = RewardService.local(recipe.reward)
         alg = recipe.rl.algorithm if recipe.rl else None
         self.algorithm = alg.build() if alg is not None else None
+        self.steps = self.make_steps(recipe, self.algorithm)
         if self.algorithm is not None and getattr(alg, "kl_coef", 0.0):
             from unirl.train.algorithms import ContextReference
 
@@ -160,13 +146,25 @@ class ARTrainer(Trainer):
             parts.append(part)
         return parts
 
-    def shape_rewards(self, parts: list[Part]) -> None:
-        shaper = getattr(self.algorithm, "shape_rewards", None)
-        if callable(shaper):
-            shaper(parts)
+    @classmethod
+    def make_steps(cls, recipe: Recipe, algorithm: object) -> ARSteps:
+        return ARSteps(cls.stage, algorithm)
 
     def eval_params(self) -> Any:
         return self.cfg.eval_sampling or self.cfg.sampling.model_copy(update={"top_k": 1})
+
+
+class ARSteps(NoSteps):
+    """The AR domain's model-free steps: the algorithm's reward shaping, completion tables and
+    distinct-completion diversity."""
+
+    def __init__(self, stage: str, algorithm: object) -> None:
+        self.stage, self.algorithm = stage, algorithm
+
+    def shape_rewards(self, parts: list[Part]) -> None:
+        shaper = getattr(self.algorithm, "shape_rewards", None)  # DAPO's overlong penalty; GRPO has none
+        if callable(shaper):
+            shaper(parts)
 
     def sample_diversity(self, samples: list[Sample]) -> float | None:
         """Distinct completions of one prompt / its samples (None for one sample a prompt)."""

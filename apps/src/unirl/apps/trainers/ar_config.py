@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from unirl.apps.data import PromptListConfig
+from unirl.apps.trainers.components import Policy
 from unirl.apps.trainers.phases import RLPhase, RunSettings, SFTPhaseBase
 from unirl.apps.worlds.arithmetic_source import ArithmeticDataConfig
 from unirl.apps.worlds.shapes_vqa import ShapesVQAConfig
@@ -100,6 +103,24 @@ class Recipe(RunSettings):
         default_factory=ARRolloutConfig, description="rollout engine (trainside: the training module itself)"
     )
 
+    def build_policy(
+        self, device: torch.device, *, stage: str = "ar", rollout_copy: bool = False
+    ) -> Policy[Any, Any]:
+        """The bundle (``model`` on ``device``) and its pipeline, as every process of the run builds
+        them. The trainer's decodes with ``rollout.engine.decoder`` (trainside); a ``rollout_copy``
+        (Ray rollout worker, async rollout thread) and a dedicated engine's reference decode dynamic."""
+        bundle = self.model.model_copy(update={"device": str(device)}).build()
+        engine = self.rollout.engine
+        decoder = engine.decoder if engine.kind == "trainside" and not rollout_copy else "dynamic"
+        pipeline = self.model.pipeline(
+            bundle,  # type: ignore[arg-type]  # each model config pairs with its own bundle
+            self.sampling,
+            stage=stage,
+            prompt_template=self.prompt_template,
+            decoder=decoder,
+        )
+        return Policy(bundle, pipeline, bundle.model)
+
     @model_validator(mode="after")
     def _dedicated_engine(self) -> Recipe:
         if self.model.kind == "vlm" and self.rollout.engine.kind != "trainside":
@@ -117,3 +138,12 @@ class Recipe(RunSettings):
                 "supported yet (the async rollout thread samples with a trainside copy); use kind='trainside'"
             )
         return self
+
+
+def engine_model_dir(recipe: Recipe, bundle: Any, scratch: Path) -> Path:
+    """Where a dedicated engine loads its initial weights: the model's own local directory, else
+    (built in code, GGUF, 'pkg:') ``bundle``'s weights saved to ``scratch``."""
+    path = recipe.model.path
+    if path and recipe.model.gguf_file is None and (Path(path) / "config.json").is_file():
+        return Path(path)
+    return Path(bundle.save_pretrained(scratch))

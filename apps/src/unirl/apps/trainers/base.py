@@ -19,12 +19,11 @@ import numpy as np
 import torch
 
 from unirl.apps.data import draw
-from unirl.apps.loop import StopFlag, latest_checkpoint, make_samples
-from unirl.apps.plots import plot_eval_curve, plot_metrics
+from unirl.apps.loop import StopFlag, latest_checkpoint, make_samples, pick_device
 from unirl.apps.progress import PhaseProgress
-from unirl.apps.report import write_report
-from unirl.apps.run_dir import RunDir, read_metrics
+from unirl.apps.run_dir import RunDir
 from unirl.apps.run_state import capture, restore
+from unirl.apps.trainers.components import DomainSteps, NoSteps
 from unirl.train.checkpoint import load_checkpoint, read_checkpoint_file, save_checkpoint
 from unirl.train.geometry import BatchGeometry
 from unirl.train.stack import TrainStack
@@ -35,12 +34,6 @@ SFT_PROBE_SEED = 104_729
 """Seed of the fixed training-prompt subset `sft.stop` probes (independent of the run's seed)."""
 ASYNC_BUFFER_FILE = "async_buffer.bin"
 """The async lifecycle's buffered Samples in a checkpoint (unirl's pickle-free binary form)."""
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def set_base_lr(backend: Any, lr: float) -> None:
@@ -61,6 +54,8 @@ class Trainer:
     reward: Any
     data: Any
     algorithm: Any
+    steps: DomainSteps = NoSteps()
+    """The domain's model-free steps (``make_steps``)."""
 
     def __init__(self, recipe: Any, run_dir: RunDir) -> None:
         self.cfg, self.run = recipe, run_dir
@@ -93,13 +88,18 @@ class Trainer:
         """Sampling params for held-out evaluation."""
         raise NotImplementedError
 
+    @classmethod
+    def make_steps(cls, recipe: Any, algorithm: object) -> DomainSteps:
+        """The domain's model-free steps (``self.steps``; the Ray driver builds its own)."""
+        return NoSteps()
+
     def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path | None:
-        return None
+        return self.steps.save_grid(samples, rewards, path)
 
     def sample_diversity(self, samples: list[Sample]) -> float | None:
         """How different one prompt's samples are (the mean over prompts is the evaluation's
         ``diversity``: a policy that narrows shows it falling); None where the domain has none."""
-        return None
+        return self.steps.sample_diversity(samples)
 
     def rollout_side(self) -> Any:
         """The async lifecycle's rollout side (``unirl.apps.asynchronous.RolloutSide``): here a
@@ -119,6 +119,7 @@ class Trainer:
 
     def shape_rewards(self, parts: list[Part]) -> None:
         """Reward shaping before advantages (e.g. DAPO's overlong penalty); none by default."""
+        self.steps.shape_rewards(parts)
 
     @property
     def ema_rollout(self) -> bool:
@@ -470,44 +471,3 @@ def check_rates(rewards: Sequence[Reward]) -> dict[str, float]:
             if "/" in k:
                 values.setdefault(k, []).append(float(v))
     return {k: float(np.mean(v)) for k, v in sorted(values.items())}
-
-
-def run_trainer(
-    cls: type[Trainer], recipe: Any, run_dir: Path, *, mode: str, recipe_name: str, title: str
-) -> int:
-    factory: Any = cls
-    if recipe.layout.kind == "ray":  # the same recipe on Ray workers: config decides, code does not change
-        from functools import partial
-
-        from unirl.apps.distributed.driver import DistributedRL
-        from unirl.apps.distributed.layout import check_layout
-        from unirl.apps.distributed.run import ensure_ray
-
-        check_layout(recipe, recipe.layout)  # before Ray starts: a bad batch split fails in a second
-        ensure_ray(recipe.layout)
-        factory = partial(DistributedRL, domain=cls, layout=recipe.layout)
-    rd = RunDir(run_dir, recipe.model_dump(mode="json"))
-    log.info("run directory: %s", rd.root)
-    stop = StopFlag()
-    try:
-        trainer = factory(recipe, rd)
-        with stop.installed():
-            trainer.run_all(mode, stop)
-        rows = read_metrics(rd.root / "metrics.jsonl")
-        plot_metrics(rows, rd.plots)
-        plot_eval_curve(trainer.evals, trainer.eval_steps, trainer.eval_outcomes, rd.plots)
-        report = write_report(
-            rd.root,
-            title=title,
-            recipe=recipe_name,
-            evals=trainer.evals,
-            outcomes=trainer.eval_outcomes,
-            timings=trainer.timings,
-            images=list(dict.fromkeys(trainer.grids)),  # an evaluation run again saves the same file
-            notes=["stopped early by the user (checkpoint saved)"] if stop.stop else None,
-            rows=rows,
-        )
-        log.info("report: %s", report)
-    finally:
-        rd.close()
-    return 130 if stop.stop else 0

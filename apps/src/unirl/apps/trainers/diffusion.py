@@ -1,7 +1,8 @@
 """DiffusionTrainer: the diffusion / flow-matching domain of the shared lifecycle (see base.py).
 
 SFT regresses the velocity on (image, caption) pairs of the data source; RL samples with the
-trainside engine (the SDE with per-step log-probs), scores the decoded images and trains the
+``rollout.engine`` (trainside: the SDE with per-step log-probs; sglang / vllm_omni: an HTTP server,
+checked by the sigma echo and log-prob parity, see diffusion_rollout.py), scores the decoded images and trains the
 configured StageAlgorithm. Evaluation samples held-out prompts with the ODE (eta = 0).
 """
 
@@ -14,13 +15,15 @@ import numpy as np
 import torch
 
 from unirl.apps.evalstats import pairwise_diversity
+from unirl.apps.launch import run_trainer
+from unirl.apps.loop import StopFlag
 from unirl.apps.plots import sample_grid
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.base import Trainer, run_trainer
+from unirl.apps.trainers.base import Trainer
+from unirl.apps.trainers.components import NoSteps
 from unirl.apps.trainers.diffusion_config import Recipe
+from unirl.apps.trainers.diffusion_rollout import RemoteDiffusionRollout, build_engine
 from unirl.reward.service import RewardService
-from unirl.rollout.engines import TrainsideEngine
-from unirl.rollout.pipelines import FlowMatchPipeline
 from unirl.types import LatentTrajectory, Part, Sample, VideoPrimitive, to_numpy
 
 __all__ = ["DiffusionTrainer", "Recipe", "run"]
@@ -31,19 +34,15 @@ class DiffusionTrainer(Trainer):
 
     def __init__(self, recipe: Recipe, run_dir: RunDir) -> None:
         super().__init__(recipe, run_dir)
-        self.bundle = recipe.model.build(self.device, recipe.seed)
+        policy = recipe.build_policy(self.device, stage=self.stage)
+        self.bundle, self.pipeline = policy.bundle, policy.pipeline
         self.data = recipe.data.build()
         alg = recipe.rl.algorithm if recipe.rl else None
-        self.pipeline = FlowMatchPipeline(
-            self.bundle,
-            stage=self.stage,
-            default_params=self._rollout_params(),
-            record_old_means=alg is not None and alg.kind == "flow_dppo",
-        )
         self.backend = recipe.backend.build(self.bundle.transformer, device=self.device)
-        self.engine = TrainsideEngine(self.pipeline, weight_version=lambda: self.backend.global_step)
+        self.engine = build_engine(recipe.rollout, self.pipeline, lambda: self.backend.global_step)
         self.reward = RewardService.local(recipe.reward)
         self.algorithm = alg.build() if alg is not None else None
+        self.steps = self.make_steps(recipe, self.algorithm)
         if self.algorithm is not None:
             if getattr(alg, "kl_coef", 0.0):
                 from unirl.train.algorithms import ContextReference
@@ -52,15 +51,24 @@ class DiffusionTrainer(Trainer):
             if hasattr(self.algorithm, "set_old_policy"):  # DiffusionNFT: the EMA is its old policy
                 self.algorithm.set_old_policy(self.backend.ema_weights)
 
-    def _rollout_params(self) -> Any:
-        """The recipe's sampling params, with what the algorithm requires (e.g. DanceGRPO's strategy)."""
-        params = self.cfg.sampling
-        overrides = getattr(self.cfg.rl.algorithm if self.cfg.rl else None, "sampling_overrides", None)
-        return params.model_copy(update=overrides()) if callable(overrides) else params
+    @classmethod
+    def make_steps(cls, recipe: Recipe, algorithm: object) -> DiffusionSteps:
+        return DiffusionSteps(cls.stage)
 
     @property
     def ema_rollout(self) -> bool:
         return self.cfg.rl is not None and self.cfg.rl.algorithm.kind == "diffusion_nft"
+
+    def after_train_step(self) -> dict[str, float]:
+        """A remote engine's guard metrics of this step's rollout (sigma echo, log-prob parity)."""
+        return self.engine.metrics() if isinstance(self.engine, RemoteDiffusionRollout) else {}
+
+    def run_all(self, mode: str, stop: StopFlag) -> None:
+        try:
+            super().run_all(mode, stop)
+        finally:
+            if isinstance(self.engine, RemoteDiffusionRollout):
+                self.engine.close()
 
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:
         if not hasattr(self.data, "sft_examples"):
@@ -86,9 +94,16 @@ class DiffusionTrainer(Trainer):
         """ODE sampling, each held-out sample from its own initial noise (also when RL's rollout
         shares it within a group, ``sampling.noise.scope=group``: k identical ODE samples would
         make accuracy and pass@k a one-sample measure)."""
-        params = self._rollout_params()
+        params = self.cfg.rollout_params()
         noise = params.noise.model_copy(update={"scope": "sample"})
         return params.model_copy(update={"eta": 0.0, "sde_strategy": "ode", "noise": noise})
+
+
+class DiffusionSteps(NoSteps):
+    """The diffusion domain's model-free steps: image / film-strip grids and pixel diversity."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
 
     def sample_diversity(self, samples: list[Sample]) -> float | None:
         """Mean pixel difference of one prompt's images, pair by pair (None for one sample a prompt)."""

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
+import torch
 from pydantic import Field, model_validator
 
 from unirl.apps.data import PromptListConfig
 from unirl.apps.models import DiffusionModelConfig, TinyShapesModelConfig, TinyVideoModelConfig
+from unirl.apps.trainers.components import Policy
+from unirl.apps.trainers.diffusion_rollout import DiffusionRolloutConfig, TrainsideDiffusionEngineConfig
 from unirl.apps.trainers.phases import RLPhase, RunSettings, SFTPhaseBase
 from unirl.apps.worlds.moving_shapes import MovingShapesDataConfig
 from unirl.apps.worlds.shapes_source import ShapesDataConfig
 from unirl.reward.config import ServiceConfig
+from unirl.rollout.engines.sglang_diffusion import SDE_TYPES as SGLANG_SDE
+from unirl.rollout.engines.vllm_omni import SDE_TYPES as OMNI_SDE
+from unirl.rollout.pipelines import FlowMatchPipeline
 from unirl.train.algorithms import DiffusionNFTConfig, FlowSFTConfig
 from unirl.train.backends.config import BackendConfig
 from unirl.types import DiffusionSamplingParams
@@ -36,6 +42,59 @@ class Recipe(RunSettings):
     reward: ServiceConfig
     sft: DiffusionSFTPhase | None = None
     rl: RLPhase | None = None
+    rollout: DiffusionRolloutConfig = Field(
+        default_factory=DiffusionRolloutConfig,
+        description="rollout engine (trainside: the training module itself; sglang / vllm_omni: a server)",
+    )
+
+    def rollout_params(self) -> DiffusionSamplingParams:
+        """``sampling`` with what the RL algorithm requires (e.g. DanceGRPO's SDE strategy)."""
+        overrides = getattr(self.rl.algorithm if self.rl else None, "sampling_overrides", None)
+        return self.sampling.model_copy(update=overrides()) if callable(overrides) else self.sampling
+
+    def build_policy(
+        self, device: torch.device, *, stage: str = "diffusion", rollout_copy: bool = False
+    ) -> Policy[Any, FlowMatchPipeline]:
+        """The bundle (``model``, seeded by ``seed``) and its FlowMatchPipeline, as every process of
+        the run builds them (a rollout copy samples the same; ``rollout_copy`` changes nothing here)."""
+        bundle = self.model.build(device, self.seed)
+        alg = self.rl.algorithm if self.rl else None
+        pipeline = FlowMatchPipeline(
+            bundle,
+            stage=stage,
+            default_params=self.rollout_params(),
+            record_old_means=alg is not None and alg.kind == "flow_dppo",
+        )
+        return Policy(bundle, pipeline, bundle.transformer)
+
+    @model_validator(mode="after")
+    def _remote_engine(self) -> Recipe:
+        """What an HTTP diffusion server cannot do (it holds its own full weights, returns no Gaussian
+        means, samples no EMA copy, and one server is not a Ray rollout worker)."""
+        kind = self.rollout.engine.kind
+        if isinstance(self.rollout.engine, TrainsideDiffusionEngineConfig):
+            return self
+        alg = self.rl.algorithm.kind if self.rl is not None else None
+        why = {
+            "backend.lora": (self.backend.lora is not None, "the server loads full weights, no adapters; drop backend.lora"),
+            f"rl.algorithm.kind={alg!r}": (alg in ("flow_dppo", "diffusion_nft"), "it needs the rollout's Gaussian means / "
+                                          "EMA sampling, which a server does not return; use flow_grpo"),
+            "rl.lifecycle='async'": (self.rl is not None and self.rl.lifecycle == "async",
+                                     "the async rollout thread samples with a trainside copy; use rl.lifecycle=sync"),
+            f"layout.kind={self.layout.kind!r}": (self.layout.kind != "single",
+                                                  "the Ray rollout workers sample trainside; use layout.kind=single"),
+        }  # fmt: skip
+        strategies = [*sorted(SGLANG_SDE if kind == "sglang" else OMNI_SDE), "ode"]
+        why[f"sampling.sde_strategy={self.sampling.sde_strategy!r}"] = (
+            self.sampling.sde_strategy not in strategies,
+            f"{kind} implements {strategies}",
+        )
+        for what, (bad, fix) in why.items():
+            if bad:
+                raise ValueError(
+                    f"rollout.engine.kind={kind!r} with {what} is not supported: {fix} (or use kind=trainside)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _fsdp_only(self) -> Recipe:

@@ -27,11 +27,12 @@ import numpy as np
 import torch
 
 from unirl.apps.data import draw
+from unirl.apps.launch import run_trainer
 from unirl.apps.loop import StopFlag, make_samples
 from unirl.apps.plots import sample_grid
 from unirl.apps.progress import PhaseProgress
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.base import Trainer, run_trainer, set_base_lr
+from unirl.apps.trainers.base import Trainer, set_base_lr
 from unirl.apps.trainers.pe_config import Recipe
 from unirl.reward.service import RewardService, sample_to_item
 from unirl.rollout.ar import ARPipeline

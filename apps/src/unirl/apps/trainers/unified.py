@@ -21,10 +21,11 @@ import numpy as np
 import torch
 
 from unirl.apps.data import draw
+from unirl.apps.launch import run_trainer
 from unirl.apps.loop import make_samples
 from unirl.apps.plots import sample_grid
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.base import Trainer, run_trainer, set_base_lr
+from unirl.apps.trainers.base import Trainer, set_base_lr
 from unirl.apps.trainers.pe import OriginalPromptReward
 from unirl.apps.trainers.unified_config import Recipe, TinyUnifiedModelConfig
 from unirl.reward.service import RewardService

@@ -257,6 +257,13 @@ class FlowMatchPipeline:
         stored[params.num_steps] = x.cpu()
         return x, stored, log_probs, means
 
+    def encode_conditions(
+        self, samples: Sequence[Sample], params: DiffusionSamplingParams
+    ) -> list[Conditions]:
+        """The conditions replay needs for each Sample (its prompt, and the negative prompt under
+        CFG), as ``generate`` stores them: for Parts an HTTP engine filled, which returns none."""
+        return self._encode([(s, s.part(self.stage), params) for s in samples], params)
+
     def _encode(
         self, members: list[tuple[Sample, Part, DiffusionSamplingParams]], params: DiffusionSamplingParams
     ) -> list[Conditions]:

@@ -1,0 +1,61 @@
+"""Run one recipe: the domain trainer in this process, or laid out on Ray workers (``layout.kind``).
+
+Kept apart from ``trainers/base.py`` so the shared lifecycle does not import the Ray driver that
+builds on it (``distributed/driver.py`` subclasses ``Trainer``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from unirl.apps.loop import StopFlag
+from unirl.apps.plots import plot_eval_curve, plot_metrics
+from unirl.apps.report import write_report
+from unirl.apps.run_dir import RunDir, read_metrics
+from unirl.apps.trainers.base import Trainer
+
+__all__ = ["run_trainer"]
+
+log = logging.getLogger("unirl")
+
+
+def run_trainer(
+    cls: type[Trainer], recipe: Any, run_dir: Path, *, mode: str, recipe_name: str, title: str
+) -> int:
+    factory: Any = cls
+    if recipe.layout.kind == "ray":  # the same recipe on Ray workers: config decides, code does not change
+        from functools import partial
+
+        from unirl.apps.distributed.driver import DistributedRL
+        from unirl.apps.distributed.layout import check_layout, ensure_ray
+
+        check_layout(recipe, recipe.layout)  # before Ray starts: a bad batch split fails in a second
+        ensure_ray(recipe.layout)
+        factory = partial(DistributedRL, domain=cls, layout=recipe.layout)
+    rd = RunDir(run_dir, recipe.model_dump(mode="json"))
+    log.info("run directory: %s", rd.root)
+    stop = StopFlag()
+    try:
+        trainer = factory(recipe, rd)
+        with stop.installed():
+            trainer.run_all(mode, stop)
+        rows = read_metrics(rd.root / "metrics.jsonl")
+        plot_metrics(rows, rd.plots)
+        plot_eval_curve(trainer.evals, trainer.eval_steps, trainer.eval_outcomes, rd.plots)
+        report = write_report(
+            rd.root,
+            title=title,
+            recipe=recipe_name,
+            evals=trainer.evals,
+            outcomes=trainer.eval_outcomes,
+            timings=trainer.timings,
+            images=list(dict.fromkeys(trainer.grids)),  # an evaluation run again saves the same file
+            notes=["stopped early by the user (checkpoint saved)"] if stop.stop else None,
+            rows=rows,
+        )
+        log.info("report: %s", report)
+    finally:
+        rd.close()
+    return 130 if stop.stop else 0
