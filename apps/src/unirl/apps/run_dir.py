@@ -12,6 +12,9 @@ from typing import Any
 
 import yaml
 
+REBUILT_EVENTS = "events.out.tfevents.0000000000.rebuilt"
+"""The events file a resume rebuilds TensorBoard's kept rows into (it sorts before every writer's)."""
+
 
 class RunDir:
     """Owns ``<root>/``: ``config.yaml``, ``metrics.jsonl``, ``tb/``, ``plots/``, ``samples/``,
@@ -107,6 +110,11 @@ class RunDir:
             ]
             writer.add_summary(Summary(value=values), r["step"])
         writer.close()
+        # TensorBoard reads a folder's event files in name order, and a writer's name ends in a
+        # process-wide counter that is not zero-padded (".9" sorts after ".10"): name the rebuilt
+        # file so it sorts before any the writer below opens.
+        (written,) = fresh.glob("events.out.tfevents.*")
+        written.rename(fresh / REBUILT_EVENTS)
         shutil.rmtree(old, ignore_errors=True)
         if tb.exists():
             os.replace(tb, old)
