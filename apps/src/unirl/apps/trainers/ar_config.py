@@ -21,6 +21,7 @@ from unirl.rollout.engines.vllm_config import VLLMEngineConfig
 from unirl.train.algorithms import TokenSFTConfig
 from unirl.train.backends.config import BackendConfig
 from unirl.types import ARSamplingParams
+from unirl.types.base import kind_or
 
 DataConfig = Annotated[
     PromptListConfig | ArithmeticDataConfig | WordProblemsDataConfig | ShapesVQAConfig,
@@ -28,16 +29,9 @@ DataConfig = Annotated[
 ]
 
 
-def _model_kind(value: Any) -> str:
-    """``model.kind``; a mapping without one means a causal LM (the recipes before VLMs)."""
-    if isinstance(value, dict):
-        return str(value.get("kind", "causal_lm"))
-    return str(getattr(value, "kind", "causal_lm"))
-
-
 ModelConfig = Annotated[
     Annotated[CausalLMConfig, Tag("causal_lm")] | Annotated[VLMConfig, Tag("vlm")],
-    Discriminator(_model_kind),
+    Discriminator(kind_or("causal_lm")),
 ]
 
 
@@ -56,17 +50,9 @@ class TrainsideEngineConfig(BaseModel):
     )
 
 
-def _engine_kind(value: Any) -> str:
-    """The engine's ``kind``; a mapping without one (e.g. ``rollout.engine.decoder=graph`` alone
-    on the command line) means the default, trainside."""
-    if isinstance(value, dict):
-        return str(value.get("kind", "trainside"))
-    return str(getattr(value, "kind", "trainside"))
-
-
 EngineConfig = Annotated[
     Annotated[TrainsideEngineConfig, Tag("trainside")] | Annotated[VLLMEngineConfig, Tag("vllm")],
-    Discriminator(_engine_kind),
+    Discriminator(kind_or("trainside")),
 ]
 
 

@@ -30,6 +30,7 @@ from unirl.rollout.engines import (
 from unirl.rollout.engines.remote_diffusion import RemoteDiffusionEngine
 from unirl.rollout.pipelines import FlowMatchPipeline, pin_sigmas
 from unirl.types import DiffusionSamplingParams, LatentTrajectory, Part, Sample, to_torch
+from unirl.types.base import kind_or
 
 __all__ = [
     "DiffusionRolloutConfig",
@@ -48,18 +49,11 @@ class TrainsideDiffusionEngineConfig(BaseModel):
     kind: Literal["trainside"] = "trainside"
 
 
-def _engine_kind(value: Any) -> str:
-    """``kind``; a mapping without one means the default, trainside."""
-    if isinstance(value, dict):
-        return str(value.get("kind", "trainside"))
-    return str(getattr(value, "kind", "trainside"))
-
-
 DiffusionEngineConfig = Annotated[
     Annotated[TrainsideDiffusionEngineConfig, Tag("trainside")]
     | Annotated[SGLangDiffusionEngineConfig, Tag("sglang")]
     | Annotated[VLLMOmniEngineConfig, Tag("vllm_omni")],
-    Discriminator(_engine_kind),
+    Discriminator(kind_or("trainside")),
 ]
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -20,3 +23,16 @@ class SchemaModel(BaseModel):
         ser_json_inf_nan="strings",
         validate_default=False,
     )
+
+
+def kind_or(default: str) -> Callable[[Any], str]:
+    """The discriminator of a ``kind``-tagged config union: the value's ``kind`` (a mapping's key or
+    a model's attribute), ``default`` where it names none (a recipe may leave the default kind out,
+    e.g. ``rollout.engine.decoder=graph`` alone on the command line)."""
+
+    def kind(value: Any) -> str:
+        if isinstance(value, dict):
+            return str(value.get("kind", default))
+        return str(getattr(value, "kind", default))
+
+    return kind

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
 from unirl.distributed.weightsync.protocol import DEFAULT_BUCKET_BYTES
+from unirl.types.base import kind_or
 
 if TYPE_CHECKING:
     from unirl.distributed.collective import StandaloneGroup
@@ -186,19 +187,13 @@ def _plain_kind(value: Any) -> Any:
     return value
 
 
-def _sync_kind(value: Any) -> str:
-    if isinstance(value, dict):
-        return str(value.get("kind", "buckets"))
-    return str(getattr(value, "kind", "buckets"))
-
-
 SyncConfig = Annotated[
     Annotated[BroadcastSync, Tag("broadcast")]
     | Annotated[BucketsSync, Tag("buckets")]
     | Annotated[ShmSync, Tag("shm")]
     | Annotated[CudaIpcSync, Tag("cuda_ipc")]
     | Annotated[EngineSync, Tag("engine")],
-    Discriminator(_sync_kind),
+    Discriminator(kind_or("buckets")),
     BeforeValidator(_plain_kind),
 ]
 """The ``sync:`` field type: a plain kind name or a mapping with ``kind`` and that kind's options."""

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import Discriminator, Tag
 
 from unirl.train.backends.fsdp import FSDPConfig
 from unirl.train.backends.megatron.config import MegatronConfig
-
-
-def _backend_kind(value: Any) -> str:
-    if isinstance(value, dict):
-        return str(value.get("kind", "fsdp"))
-    return str(getattr(value, "kind", "fsdp"))
-
+from unirl.types.base import kind_or
 
 BackendConfig = Annotated[
     Annotated[FSDPConfig, Tag("fsdp")] | Annotated[MegatronConfig, Tag("megatron")],
-    Discriminator(_backend_kind),
+    Discriminator(kind_or("fsdp")),
 ]
 
 __all__ = ["BackendConfig", "FSDPConfig", "MegatronConfig"]
