@@ -15,7 +15,6 @@ import base64
 import io
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,42 +28,31 @@ from unirl.apps.config import load, load_dict
 from unirl.apps.run_dir import read_metrics
 from unirl.apps.trainers.diffusion_config import Recipe
 from unirl.rollout.engines import LogProbParityError, SigmaEchoError
+from unirl.rollout.engines.testing import WireServer
 from unirl.rollout.pipelines import FlowMatchPipeline
 from unirl.rollout.schedules import static_shifted_sigmas
 from unirl.types import DiffusionSamplingParams, Sample, TextPrimitive, encode_tensor
 
 RECIPE = "sd3_tiny_flowgrpo"
 STRATEGY = {"sde": "flow_sde", "cps": "cps", "dance": "dance_sde"}  # wire sde_type -> ours
+ROUTES = {"sglang": "/v1/rl/generate", "vllm_omni": "/v1/images/generations"}  # each engine's generate route
 
 
 class StandInServer:
-    """A loopback diffusion server: ``route(path, body) -> (status, json_or_bytes)``."""
+    """A loopback diffusion server (`WireServer`) answering the ``kind`` engine's generate route."""
 
     def __init__(self, kind: str, *, ignore_sigmas: bool = False) -> None:
         recipe = load(Recipe, RECIPE)
         self.bundle = recipe.model.build(torch.device("cpu"), recipe.seed)  # the trainer's initial weights
-        self.kind, self.ignore_sigmas, self.calls = kind, ignore_sigmas, 0
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.calls += 1
-                out = server.sglang(body) if server.kind == "sglang" else server.vllm_omni(body)
-                data = out if isinstance(out, bytes) else json.dumps(out).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *a: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.kind, self.ignore_sigmas = kind, ignore_sigmas
         self.lock = threading.Lock()  # one sample at a time through the (not thread-safe) pipeline
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        handler = self.sglang if kind == "sglang" else self.vllm_omni
+        self.wire = WireServer({ROUTES[kind]: lambda body: (200, handler(body))})
+        self.url = self.wire.url
+
+    @property
+    def calls(self) -> int:
+        return len(self.wire.calls)
 
     def sample(self, prompt: str, body: dict[str, Any], rl: dict[str, Any]) -> Any:
         """The trainside pipeline on the request: its Part (segment with log-probs, decoded image)."""
@@ -122,8 +110,7 @@ class StandInServer:
         }
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.wire.close()
 
 
 def train(server: StandInServer, run: Path, *overrides: str) -> int:

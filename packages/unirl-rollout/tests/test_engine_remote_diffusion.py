@@ -12,8 +12,6 @@ import base64
 import io
 import json
 import os
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
@@ -27,40 +25,10 @@ from unirl.rollout.engines import (
     VLLMOmniEngineConfig,
 )
 from unirl.rollout.engines.http import EngineProtocolError
+from unirl.rollout.engines.testing import WireServer
 from unirl.rollout.pipelines import FlowMatchPipeline
 from unirl.rollout.schedules import static_shifted_sigmas
 from unirl.types import DiffusionSamplingParams, Sample, TextPrimitive, encode_tensor
-
-
-class WireServer:
-    """``routes[path](json_body) -> (status, json_or_bytes)`` on a local threaded HTTP server."""
-
-    def __init__(self, routes: dict[str, Any]) -> None:
-        self.routes, self.calls = routes, []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.calls.append((self.path, body))
-                status, out = server.routes[self.path](body)
-                data = out if isinstance(out, bytes) else json.dumps(out).encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *a: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def params(**kw: Any) -> DiffusionSamplingParams:
