@@ -2,7 +2,7 @@
 
     .venv/bin/python packages/unirl-distributed/benchmarks/bench_weightsync_verify.py --repeats 5
 
-For each transport, one sync is ``send`` + ``receive`` into a sink that keeps the tensors (what a
+For each transport, one sync is ``push`` + ``receive`` into a sink that keeps the tensors (what a
 rollout engine's load does), median of ``--repeats``. ``verify=False`` is the baseline measured in
 the same run; the cost is (verified - unverified) / unverified. With unirl-apps installed the
 in-process async mailbox is measured too: its publish + refresh (a CPU snapshot, a stamp at
@@ -41,7 +41,7 @@ def median_s(fn: Callable[[], object], repeats: int) -> float:
 
 
 def bench_bucketed(kind: str, params: list[tuple[str, torch.Tensor]], repeats: int) -> tuple[float, float]:
-    """(unverified, verified) median seconds of one send + receive + confirm."""
+    """(unverified, verified) median seconds of one push + receive + confirm."""
     return one_sync_s(kind, params, repeats, verify=False), one_sync_s(kind, params, repeats, verify=True)
 
 

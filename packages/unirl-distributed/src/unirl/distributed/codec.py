@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,20 +85,6 @@ class TensorMeta:
             raise ValueError(f"malformed shape {shape!r} for tensor {obj[0]!r}")
         parse_dtype(obj[1])
         return TensorMeta(obj[0], obj[1], tuple(shape))
-
-
-def metas_to_bytes(metas: Iterable[TensorMeta], extra: Mapping[str, object] | None = None) -> bytes:
-    """Serialise metadata (plus small JSON fields) to UTF-8 JSON bytes."""
-    return json.dumps({"tensors": [m.to_json() for m in metas], **(extra or {})}).encode()
-
-
-def metas_from_bytes(data: bytes) -> tuple[list[TensorMeta], dict[str, object]]:
-    """Inverse of :func:`metas_to_bytes`: (metas, the other fields)."""
-    obj = json.loads(data.decode())
-    if not isinstance(obj, dict) or not isinstance(obj.get("tensors"), list):
-        raise ValueError("malformed tensor header: expected a JSON object with a 'tensors' list")
-    metas = [TensorMeta.from_json(t) for t in obj.pop("tensors")]
-    return metas, obj
 
 
 def byte_view(tensor: torch.Tensor) -> torch.Tensor:

@@ -79,7 +79,7 @@ class StandaloneGroup:
         self.store = dist.TCPStore(  # type: ignore[attr-defined]  # public API, not in torch's __all__ stubs
             addr, port, world_size, rank == 0, timeout=timeout
         )
-        # Any: torch's stubs declare the backends without broadcast/send/recv, which exist at runtime
+        # Any: torch's stubs declare the backends without the collectives used below, which exist at runtime
         self.pg: Any
         if backend == "gloo":
             self.pg = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
@@ -95,14 +95,6 @@ class StandaloneGroup:
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         self.pg.broadcast([tensor], opts).wait()
-
-    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
-        """Point-to-point send to ``dst``."""
-        self.pg.send([tensor], dst, tag).wait()
-
-    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
-        """Point-to-point receive from ``src`` into ``tensor``."""
-        self.pg.recv([tensor], src, tag).wait()
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         """In-place sum all-reduce."""
