@@ -36,6 +36,7 @@ from unirl.rollout.engines.vllm_worker import TOKEN_ENV
 
 WORKER_EXTENSION = "unirl.rollout.engines.vllm_worker.UnirlWorkerExtension"
 SERVED_NAME = "unirl-policy"
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM's server reads its key from here when ``--api-key`` is absent
 
 
 @dataclass(frozen=True)
@@ -133,17 +134,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def server_argv(model_path: str, port: int, api_key: str, args: dict[str, Any]) -> list[str]:
-    """``python -m vllm.entrypoints.openai.api_server ...`` for ``args`` (engine kwargs)."""
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--api-key", api_key]
-    argv += ["--served-model-name", SERVED_NAME]
+def server_argv(model_path: str, port: int, args: dict[str, Any]) -> list[str]:
+    """``python -m vllm.entrypoints.openai.api_server ...`` for ``args`` (engine kwargs).
+
+    Every value is passed as ``--flag=value``: a value that starts with ``-`` (a random token, a
+    negative number) would otherwise be read by argparse as the next option. The API key is not
+    on the command line at all (``ps`` shows argv to every user): the server reads it from the
+    ``VLLM_API_KEY`` environment variable (:data:`API_KEY_ENV`).
+    """
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", f"--model={model_path}"]
+    argv += ["--host=127.0.0.1", f"--port={port}", f"--served-model-name={SERVED_NAME}"]
     for k, v in engine_kwargs(args).items():
         flag = "--" + k.replace("_", "-")
         if isinstance(v, bool):
             argv += [flag] if v else []
         elif v is not None:
-            argv += [flag, json.dumps(v) if isinstance(v, dict | list) else str(v)]
+            argv.append(f"{flag}={json.dumps(v) if isinstance(v, dict | list) else v}")
     return argv
 
 
@@ -175,7 +181,7 @@ class ServerBackend:
             self.rpc_token: str | None = rpc_token or secrets.token_urlsafe(24)
             port = free_port()
             self.url = f"http://127.0.0.1:{port}"
-            self._launch(server_argv(model_path, port, self.api_key, args), env or {}, startup_timeout_s)
+            self._launch(server_argv(model_path, port, args), env or {}, startup_timeout_s)
         else:
             self.url = url.rstrip("/")
             self.api_key = api_key or ""
@@ -187,6 +193,7 @@ class ServerBackend:
         fd, log = tempfile.mkstemp(prefix="unirl-vllm-server-", suffix=".log")
         self.log_path = Path(log)
         full_env = os.environ | env | {"VLLM_SERVER_DEV_MODE": "1", TOKEN_ENV: str(self.rpc_token)}
+        full_env[API_KEY_ENV] = self.api_key
         with os.fdopen(fd, "wb") as out:
             # own process group: close() can reap vLLM's engine processes even if the server died
             self.proc = subprocess.Popen(
