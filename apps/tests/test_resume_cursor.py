@@ -141,3 +141,24 @@ def test_killed_run_resumes_with_the_whole_history(tmp_path: Path, monkeypatch: 
         assert f"| {stage} |" in b
     assert "**rl vs sft: accuracy" in b and "![sft](samples/sft.md)" in b
     assert all(f"- {phase}: " in _section(b, "Time") for phase in ("eval", "sft", "rl"))
+
+
+COSINE = ["rl.lr=1e-3", "rl.scheduler.kind=cosine", "rl.scheduler.total_steps=4",
+          "rl.scheduler.min_lr_ratio=0.1"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_rl_scheduler_runs_over_rl_steps_and_a_resumed_phase_continues_it(tmp_path: Path) -> None:
+    def lrs(run: Path) -> list[float]:
+        return [r["lr"] for r in read_metrics(run / "metrics.jsonl") if r["phase"] == "rl"]
+
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    common = ["arithmetic_grpo", "sft.steps=3", *TINY, *COSINE]
+    assert cli.main(["train", *common, "rl.steps=4", "--run-dir", str(whole)]) == 0
+    # 1e-3 * (0.1 + 0.9 * (1 + cos(pi k / 4)) / 2) at RL step k, from k = 0 (SFT's 3 steps and
+    # the backend's own schedule do not shift it): 1, 0.8682, 0.55, 0.2318 (x 1e-3)
+    assert lrs(whole) == pytest.approx([1e-3, 8.682e-4, 5.5e-4, 2.318e-4], rel=1e-3)
+    # stopped after 2 RL steps and resumed: the curve goes on from step 2, not from its start
+    assert cli.main(["train", *common, "rl.steps=2", "--run-dir", str(split)]) == 0
+    assert cli.main(["train", *common, "rl.steps=4", "--run-dir", str(split)]) == 0
+    assert lrs(split) == pytest.approx(lrs(whole), rel=1e-9)

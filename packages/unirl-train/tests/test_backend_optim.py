@@ -13,6 +13,7 @@ from unirl.train.optim import (
     LinearWarmupSchedule,
     ScheduleConfig,
     build_scheduler,
+    phase_scheduler,
 )
 from unirl.train.precision import PrecisionConfig
 
@@ -43,6 +44,26 @@ def test_scheduler_drives_optimizer_lr() -> None:
         opt.step()
         sched.step()
     assert seen == pytest.approx([0.05, 0.1, 0.15, 0.2, 0.2])
+
+
+def test_phase_scheduler_counts_the_phase_steps_and_starts_where_told() -> None:
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = AdamWConfig(lr=0.2).build([p], torch.device("cpu"))
+    old = build_scheduler(opt, LinearWarmupSchedule(warmup_steps=4))
+    for _ in range(7):  # an earlier phase's steps: they do not shift the new phase's curve
+        opt.step()
+        old.step()
+    cosine = CosineSchedule(total_steps=4, min_lr_ratio=0.1)
+    seen = []
+    sched = phase_scheduler(opt, cosine, 1e-2, step=1)  # a phase resumed at its step 1
+    for _ in range(4):
+        seen.append(opt.param_groups[0]["lr"])
+        p.grad = torch.ones(1)
+        opt.step()
+        sched.step()
+    # 1e-2 x the worked example's factors from p = 1/4: 0.8681981, 0.55, 0.2318019, then flat 0.1
+    assert seen == pytest.approx([8.681981e-3, 5.5e-3, 2.318019e-3, 1e-3], rel=1e-6)
+    assert sched.state_dict()["last_epoch"] == 5
 
 
 def test_schedule_union_selects_by_kind_and_rejects_typos() -> None:

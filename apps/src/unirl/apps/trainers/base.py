@@ -26,6 +26,7 @@ from unirl.apps.run_state import capture, restore
 from unirl.apps.trainers.components import DomainSteps, NoSteps
 from unirl.train.checkpoint import load_checkpoint, read_checkpoint_file, save_checkpoint
 from unirl.train.geometry import BatchGeometry
+from unirl.train.optim import phase_scheduler, set_base_lr
 from unirl.train.stack import TrainStack
 from unirl.types import Part, Reward, Sample, compute_sample_advantages
 
@@ -36,12 +37,15 @@ ASYNC_BUFFER_FILE = "async_buffer.bin"
 """The async lifecycle's buffered Samples in a checkpoint (unirl's pickle-free binary form)."""
 
 
-def set_base_lr(backend: Any, lr: float) -> None:
-    """Change a phase's base learning rate; the backend's schedule keeps shaping it."""
-    sched = backend.scheduler
-    sched.base_lrs = [lr for _ in sched.base_lrs]
-    for g, f in zip(backend.optimizer.param_groups, sched.lr_lambdas):
-        g["lr"] = lr * f(sched.last_epoch)
+def apply_phase_lr(backend: Any, phase: Any, step: int) -> None:
+    """A phase's ``lr`` and ``scheduler`` (a schedule over its own steps, positioned at ``step``,
+    the phase's cursor) onto the backend's optimizer; neither set: the backend's schedule goes on."""
+    schedule = getattr(phase, "scheduler", None)
+    lr = phase.lr if phase.lr is not None else backend.scheduler.base_lrs[0]
+    if schedule is not None:
+        backend.scheduler = phase_scheduler(backend.optimizer, schedule, lr, step)
+    elif phase.lr is not None:
+        set_base_lr(backend.optimizer, backend.scheduler, phase.lr)
 
 
 class Trainer:
@@ -152,8 +156,7 @@ class Trainer:
                 self.backend.snapshot_reference()
             if getattr(self.cfg.backend, "ema", None) is not None:
                 self.backend.restart_ema()  # RL's EMA (NFT's old policy) starts at the SFT result
-        if phase.lr is not None:
-            set_base_lr(self.backend, phase.lr)
+        apply_phase_lr(self.backend, phase, self.rl_step if name == "rl" else self.sft_step)
         if name == "sft":
             per_rank = phase.batch_size // dp_size
             geometry = BatchGeometry(

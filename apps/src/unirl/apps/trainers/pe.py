@@ -32,7 +32,7 @@ from unirl.apps.loop import StopFlag, make_samples
 from unirl.apps.plots import sample_grid
 from unirl.apps.progress import PhaseProgress
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.base import Trainer, set_base_lr
+from unirl.apps.trainers.base import Trainer, apply_phase_lr
 from unirl.apps.trainers.pe_config import Recipe
 from unirl.reward.service import RewardService, sample_to_item
 from unirl.rollout.ar import ARPipeline
@@ -205,8 +205,7 @@ class PETrainer(Trainer):
             if phase is None or self.sft_step >= end or stop.stop:
                 continue
             side = self.sides[name]
-            if phase.lr is not None:
-                set_base_lr(side.backend, phase.lr)
+            apply_phase_lr(side.backend, phase, self.sft_step - start)
             geometry = BatchGeometry(
                 micro_batch_size=min(phase.micro_batch_size or phase.batch_size, phase.batch_size)
             )
@@ -303,8 +302,7 @@ class PETrainer(Trainer):
                 and self._reference(side) == "frozen_copy"
             ):
                 side.backend.snapshot_reference()
-            if side.rl.lr is not None:
-                set_base_lr(side.backend, side.rl.lr)
+            apply_phase_lr(side.backend, side.rl, self.rl_step)
             stacks[side.name] = TrainStack(side.backend, side.algorithm, side.pipeline, side.rl.geometry)
         return lambda parts: self.train_step(stacks, parts)
 

@@ -10,6 +10,7 @@ from unirl.apps.asynchronous.config import AsyncConfig
 from unirl.apps.distributed.layout import LayoutConfig
 from unirl.train.algorithms import AlgorithmConfig
 from unirl.train.geometry import BatchGeometry
+from unirl.train.optim import ScheduleConfig
 from unirl.types import AdvantageConfig
 
 STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -44,6 +45,11 @@ class SFTPhaseBase(BaseModel):
     stop: SFTStopConfig | None = Field(default=None, description="end SFT at a level on training prompts")
     batch_size: int = Field(ge=1)
     lr: float | None = Field(default=None, gt=0, description="overrides backend.optimizer.lr for this phase")
+    scheduler: ScheduleConfig | None = Field(
+        default=None,
+        description="the LR schedule over this phase's own steps (step 0 = the phase's first), in "
+        "place of backend.scheduler for the phase; None keeps backend.scheduler",
+    )
     micro_batch_size: int | None = Field(default=None, ge=1, description="default: batch_size")
 
 
@@ -69,6 +75,11 @@ class RLPhase(BaseModel):
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     geometry: BatchGeometry
     lr: float | None = Field(default=None, gt=0, description="overrides backend.optimizer.lr for this phase")
+    scheduler: ScheduleConfig | None = Field(
+        default=None,
+        description="the LR schedule over this phase's own steps (step 0 = the phase's first), in "
+        "place of backend.scheduler for the phase; None keeps backend.scheduler",
+    )
     dynamic_sampling: DynamicSamplingConfig | None = None
     reset_optimizer: bool = Field(
         default=False,

@@ -25,7 +25,7 @@ from unirl.apps.launch import run_trainer
 from unirl.apps.loop import make_samples
 from unirl.apps.plots import sample_grid
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.base import Trainer, set_base_lr
+from unirl.apps.trainers.base import Trainer, apply_phase_lr
 from unirl.apps.trainers.pe import OriginalPromptReward
 from unirl.apps.trainers.unified_config import Recipe, TinyUnifiedModelConfig
 from unirl.reward.service import RewardService
@@ -155,8 +155,7 @@ class UnifiedTrainer(Trainer):
     def begin_phase(self, name: str, *, starting: bool = False) -> Any:
         if name == "sft":
             phase = self.cfg.sft
-            if phase.lr is not None:
-                set_base_lr(self.backend, phase.lr)
+            apply_phase_lr(self.backend, phase, self.sft_step)
             geometry = BatchGeometry(
                 micro_batch_size=min(phase.micro_batch_size or phase.batch_size, phase.batch_size)
             )
@@ -172,8 +171,7 @@ class UnifiedTrainer(Trainer):
             self.backend.reset_optimizer()
         if starting and self.nft:
             self.backend.restart_ema()  # NFT's old policy starts at the SFT result
-        if phase.lr is not None:
-            set_base_lr(self.backend, phase.lr)
+        apply_phase_lr(self.backend, phase, self.rl_step)
         tracks = [
             Track(n, t.algorithm.build(), pipe, t.weight)
             for n, t, pipe in ((AR, phase.ar, self.text_pipeline), (IMAGE, phase.image, self.pipeline))

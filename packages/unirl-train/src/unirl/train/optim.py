@@ -112,8 +112,32 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, schedule: ConstantSchedule | LinearWarmupSchedule | CosineSchedule
+    optimizer: torch.optim.Optimizer,
+    schedule: ConstantSchedule | LinearWarmupSchedule | CosineSchedule,
+    *,
+    start: int = 0,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR whose factor at its `last_epoch` k is `schedule.factor(k)`."""
+    """A LambdaLR whose factor at its `last_epoch` k is `schedule.factor(k)`, at k = `start`
+    (> 0 needs each param group's ``initial_lr``, as torch's schedulers do)."""
     # A plain function (not a bound method) keeps LambdaLR.state_dict() free of objects.
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: schedule.factor(k))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: schedule.factor(k), last_epoch=start - 1)
+
+
+def set_base_lr(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, lr: float
+) -> None:
+    """Change the base learning rate under ``scheduler``; its schedule keeps shaping it."""
+    scheduler.base_lrs = [lr for _ in scheduler.base_lrs]
+    for g, f in zip(optimizer.param_groups, scheduler.lr_lambdas):
+        g["lr"] = lr * f(scheduler.last_epoch)
+
+
+def phase_scheduler(
+    optimizer: torch.optim.Optimizer, schedule: ScheduleConfig, lr: float, step: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A fresh scheduler for one training phase: ``lr * schedule.factor(k)`` at the phase's step
+    ``k``, positioned at ``step`` (0 when the phase starts; the phase's cursor on resume, so a
+    resumed phase continues the curve instead of restarting it)."""
+    for g in optimizer.param_groups:
+        g["lr"] = g["initial_lr"] = lr
+    return build_scheduler(optimizer, schedule, start=step)
