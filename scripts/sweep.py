@@ -7,6 +7,11 @@ Each run is `unirl train RECIPE seed=S <common> <variant overrides> --run-dir OU
 own process (OMP_NUM_THREADS=1 unless `threads=` says otherwise), at most `--jobs` at a time, each
 killed after `--timeout` seconds. The summary (one line per run, then per variant: the gains, how many
 reach `--target`, and the wall time) is printed and written to OUT/summary.txt.
+
+`--shared-sft`: variants that differ only after SFT (RL and eval fields) share one SFT per seed: first
+`unirl train RECIPE seed=S <common> rl.steps=0 --run-dir OUT/sft_s<S>` (SFT, its evaluation and its
+checkpoint), then each variant runs in a copy of that directory, where `unirl train` resumes at RL step 0.
+A variant that changes an SFT field is not re-trained: use it only for RL-side variants.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -61,6 +67,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=560.0)
     ap.add_argument("--target", type=float, default=15.0, help="gain (points) a run must reach")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--shared-sft", action="store_true", help="one SFT per seed, copied into each variant")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     runs: list[tuple[str, int, Path, list[str]]] = []
@@ -69,12 +76,32 @@ def main() -> int:
         for s in seeds_of(args.seeds):
             cmd = ["train", args.recipe, f"seed={s}", *shlex.split(args.common), *shlex.split(over)]
             runs.append((name, s, args.out / f"{name}_s{s}", cmd))
+    start = time.time()
+    if args.shared_sft:
+        sft = [
+            (
+                "sft",
+                s,
+                args.out / f"sft_s{s}",
+                ["train", args.recipe, f"seed={s}", *shlex.split(args.common), "rl.steps=0"],
+            )
+            for s in seeds_of(args.seeds)
+        ]
+        launch(sft, args.jobs, args.timeout)
+        for _, s, rd, _ in runs:
+            shutil.copytree(args.out / f"sft_s{s}", rd, dirs_exist_ok=True)
+    launch(runs, args.jobs, args.timeout)
+    report(runs, args, start)
+    return 0
+
+
+def launch(runs: list[tuple[str, int, Path, list[str]]], jobs: int, timeout: float) -> None:
+    """Each run in its own process, at most ``jobs`` at a time, each killed after ``timeout`` s."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     pending, live = list(runs), []
-    start = time.time()
     while pending or live:
-        while pending and len(live) < args.jobs:
-            name, s, rd, cmd = pending.pop(0)
+        while pending and len(live) < jobs:
+            *_, rd, cmd = pending.pop(0)
             log = open(rd.with_suffix(".log"), "w")  # noqa: SIM115 (closed with the process)
             p = subprocess.Popen(
                 [sys.executable, "-c", CLI, *cmd, "--run-dir", str(rd)], stdout=log, stderr=log, env=env
@@ -82,12 +109,15 @@ def main() -> int:
             live.append((p, log, time.time()))
         for item in list(live):
             p, log, t0 = item
-            if p.poll() is None and time.time() - t0 > args.timeout:
+            if p.poll() is None and time.time() - t0 > timeout:
                 p.kill()
             if p.poll() is not None:
                 log.close()
                 live.remove(item)
         time.sleep(1.0)
+
+
+def report(runs: list[tuple[str, int, Path, list[str]]], args: argparse.Namespace, start: float) -> None:
     lines = [f"sweep of {len(runs)} runs in {time.time() - start:.0f} s"]
     by_variant: dict[str, list[dict[str, float]]] = {}
     for name, s, rd, _ in runs:
@@ -112,7 +142,6 @@ def main() -> int:
     text = "\n".join(lines)
     (args.out / "summary.txt").write_text(text + "\n")
     print(text)
-    return 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from unirl.apps.trainers.base import check_rates
+from unirl.apps.evalstats import check_rates
 from unirl.types import Reward
 
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from unirl.types import Reward, Sample
+
 Outcomes = Mapping[str, Sequence[float]]
 """prompt (group) id -> that prompt's per-sample outcomes (1.0 solved, 0.0 not; or a score)."""
 
@@ -74,3 +76,36 @@ def pairwise_diversity(images: Sequence[np.ndarray]) -> float:
 def distinct_fraction(texts: Sequence[str]) -> float:
     """Distinct responses / responses for one prompt: 1/n when all n are the same, 1.0 when all differ."""
     return len(set(texts)) / len(texts) if texts else float("nan")
+
+
+def solved_by_prompt(
+    scored: Sequence[Reward], samples: Sequence[Sample], threshold: float
+) -> dict[str, list[float]]:
+    """prompt (group) id -> 1.0 / 0.0 per sample: total reward >= ``threshold``."""
+    out: dict[str, list[float]] = {}
+    for s, r in zip(samples, scored):
+        out.setdefault(s.group_id, []).append(float(r.total >= threshold))
+    return out
+
+
+def summarize_scores(scored: Sequence[Reward], solved: dict[str, list[float]]) -> dict[str, float]:
+    """An evaluation's metrics: ``reward`` (mean), ``accuracy`` (the fraction of samples solved, from
+    ``solved_by_prompt``), ``pass_at_k`` (prompts with one solved sample) and each check's rate."""
+    m = {
+        "reward": float(np.mean([r.total for r in scored])),
+        "accuracy": float(np.mean([v for vs in solved.values() for v in vs])),
+        "pass_at_k": float(np.mean([max(o) for o in solved.values()])),
+    }
+    return m | check_rates(scored)
+
+
+def check_rates(rewards: Sequence[Reward]) -> dict[str, float]:
+    """Mean of each scorer's own components (``name/key``, e.g. ``geneval/count``) over the samples
+    that have it: the per-check breakdown of an evaluation (a relation check exists only for
+    relation prompts, so it is averaged over those)."""
+    values: dict[str, list[float]] = {}
+    for r in rewards:
+        for k, v in r.components.items():
+            if "/" in k:
+                values.setdefault(k, []).append(float(v))
+    return {k: float(np.mean(v)) for k, v in sorted(values.items())}

@@ -26,6 +26,26 @@ class PromptRecord:
     """uint8 ``[H, W, C]`` arrays the prompt refers to (a visual question); inputs after the text."""
 
 
+def by_group(samples: Sequence[Sample]) -> dict[str, list[Sample]]:
+    """group id -> its samples, in order of first appearance."""
+    groups: dict[str, list[Sample]] = {}
+    for s in samples:
+        groups.setdefault(s.group_id, []).append(s)
+    return groups
+
+
+def has_signal(group: Sequence[Sample], stage: str) -> bool:
+    """A group whose ``stage`` rewards are not all equal: its group-normalised advantages (and so
+    its gradient) are not all zero."""
+    return len({s.part(stage).reward.total for s in group}) > 1  # type: ignore[union-attr]
+
+
+def signal_fraction(samples: Sequence[Sample], stage: str) -> float:
+    """The fraction of groups that carry a gradient (``groups_with_signal`` in the metrics)."""
+    groups = by_group(samples).values()
+    return sum(has_signal(g, stage) for g in groups) / max(len(groups), 1)
+
+
 def make_samples(
     records: Sequence[PromptRecord],
     *,

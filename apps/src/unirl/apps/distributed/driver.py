@@ -24,12 +24,12 @@ from unirl.apps.distributed.layout import LayoutConfig, check_layout
 from unirl.apps.distributed.workers import LayoutRecipe, RolloutWorker, TrainWorker
 from unirl.apps.loop import StopFlag, latest_checkpoint
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.base import ASYNC_BUFFER_FILE, Trainer
+from unirl.apps.trainers.base import Trainer
+from unirl.apps.trainers.checkpoints import restore_run, run_extra
 from unirl.distributed import MeshShape, RayRemote, place, split_dp
 from unirl.distributed.errors import WeightSyncError
 from unirl.distributed.weightsync import drive_weight_sync
 from unirl.reward.service import RewardService
-from unirl.train.checkpoint import read_checkpoint_file
 from unirl.types import Part, Sample
 
 __all__ = ["DistributedRL", "RemoteEngine"]
@@ -248,9 +248,8 @@ class DistributedRL(Trainer):
     def save(self) -> None:
         """Checkpoint on every train rank (``checkpoint_format``: gathered on rank 0, or one shard
         file per rank), with the data cursor and the weight version last synced."""
-        extra, files = {**self.cursor(), "weight_version": self.synced_version}, {}
-        if self.async_source is not None:  # the buffer's batches not yet trained, and its cursor
-            extra["async"], files[ASYNC_BUFFER_FILE] = self.async_source.checkpoint_state()
+        extra, files = run_extra(self)
+        extra["weight_version"] = self.synced_version
         path = str(self.run.checkpoints / "latest")
         self.train.call_all(TrainWorker.save, path, extra, self.cfg.checkpoint_format, files)
 
@@ -260,7 +259,5 @@ class DistributedRL(Trainer):
             return False
         extra = self.train.call_all(TrainWorker.load, str(ckpt))[0]
         log.info("resuming from %s", ckpt)
-        self.restore_cursor(extra)
-        if "async" in extra:  # the checkpoint directory is shared with the train workers
-            self.async_state = (extra["async"], read_checkpoint_file(ckpt, ASYNC_BUFFER_FILE) or b"")
+        restore_run(self, ckpt, extra)
         return True

@@ -19,33 +19,21 @@ import numpy as np
 import torch
 
 from unirl.apps.data import draw
-from unirl.apps.loop import StopFlag, latest_checkpoint, make_samples, pick_device
+from unirl.apps.evalstats import solved_by_prompt, summarize_scores
+from unirl.apps.loop import StopFlag, by_group, has_signal, latest_checkpoint, make_samples, pick_device
 from unirl.apps.progress import PhaseProgress
 from unirl.apps.run_dir import RunDir
-from unirl.apps.run_state import capture, restore
+from unirl.apps.trainers.checkpoints import restore_run, run_extra
 from unirl.apps.trainers.components import DomainSteps, NoSteps
-from unirl.train.checkpoint import load_checkpoint, read_checkpoint_file, save_checkpoint
+from unirl.apps.trainers.phases import apply_phase_lr
+from unirl.train.checkpoint import load_checkpoint, save_checkpoint
 from unirl.train.geometry import BatchGeometry
-from unirl.train.optim import phase_scheduler, set_base_lr
 from unirl.train.stack import TrainStack
 from unirl.types import Part, Reward, Sample, compute_sample_advantages
 
 log = logging.getLogger("unirl")
 SFT_PROBE_SEED = 104_729
 """Seed of the fixed training-prompt subset `sft.stop` probes (independent of the run's seed)."""
-ASYNC_BUFFER_FILE = "async_buffer.bin"
-"""The async lifecycle's buffered Samples in a checkpoint (unirl's pickle-free binary form)."""
-
-
-def apply_phase_lr(backend: Any, phase: Any, step: int) -> None:
-    """A phase's ``lr`` and ``scheduler`` (a schedule over its own steps, positioned at ``step``,
-    the phase's cursor) onto the backend's optimizer; neither set: the backend's schedule goes on."""
-    schedule = getattr(phase, "scheduler", None)
-    lr = phase.lr if phase.lr is not None else backend.scheduler.base_lrs[0]
-    if schedule is not None:
-        backend.scheduler = phase_scheduler(backend.optimizer, schedule, lr, step)
-    elif phase.lr is not None:
-        set_base_lr(backend.optimizer, backend.scheduler, phase.lr)
 
 
 class Trainer:
@@ -101,8 +89,7 @@ class Trainer:
         return self.steps.save_grid(samples, rewards, path)
 
     def sample_diversity(self, samples: list[Sample]) -> float | None:
-        """How different one prompt's samples are (the mean over prompts is the evaluation's
-        ``diversity``: a policy that narrows shows it falling); None where the domain has none."""
+        """How different one prompt's samples are (mean over prompts: the eval's ``diversity``)."""
         return self.steps.sample_diversity(samples)
 
     def rollout_side(self) -> Any:
@@ -126,13 +113,12 @@ class Trainer:
         self.steps.shape_rewards(parts)
 
     @property
-    def ema_rollout(self) -> bool:
+    def ema_rollout(self) -> bool:  # DiffusionNFT samples with its EMA (old) policy
         return False
 
     def rollout_weights(self) -> AbstractContextManager[Any]:
-        """Within it, the backend's module holds the weights rollout samples with and the weight
-        plane pushes: the EMA weights when ``ema_rollout`` (DiffusionNFT), else the policy. The one
-        place that decides it, for trainside sampling, every sync and the async publication."""
+        """Within it the backend's module holds the weights rollout samples with (EMA or policy): the
+        one place that decides it, for trainside sampling, every sync and the async publication."""
         return self.backend.ema_weights() if self.ema_rollout else nullcontext()
 
     # ---- phases -------------------------------------------------------------------------------
@@ -203,9 +189,7 @@ class Trainer:
             return False
         # one fixed subset of the training prompts for every run and seed: the level means the same
         records = draw(self.data.train_records(), stop.num_prompts, seed=SFT_PROBE_SEED, step=0)
-        samples = self.sample_prompts(records, stop.samples_per_prompt, self.eval_params())
-        scored = self.reward.score_samples(samples, self.stage)
-        m = summarize_scores(scored, solved_by_prompt(scored, samples, self.cfg.eval.success_threshold))
+        *_, m = self.measure(records, stop.samples_per_prompt)
         if stop.metric not in m:
             raise ValueError(f"sft.stop.metric={stop.metric!r} is not measured; measured: {sorted(m)}")
         self.run.log(self.sft_step, {f"probe_{k}": v for k, v in m.items()}, phase="sft_probe")
@@ -294,14 +278,11 @@ class Trainer:
             batch = (rollout or self.rollout)(batch, step)
             self.reward.score_samples(batch, self.stage)
             self.shape_rewards([s.part(self.stage) for s in batch])
-            groups: dict[str, list[Sample]] = {}
-            for s in batch:
-                groups.setdefault(s.group_id, []).append(s)
-            for g in groups.values():
-                has_signal = len({s.part(self.stage).reward.total for s in g}) > 1
+            for g in by_group(batch).values():
+                useful = has_signal(g, self.stage)
                 if rounds == 0:
-                    signal += has_signal
-                (kept if ds is None or has_signal else dropped).append(g)
+                    signal += useful
+                (kept if ds is None or useful else dropped).append(g)
             if ds is None or len(kept) >= n or rounds >= ds.max_extra_rollouts:
                 break
             rounds += 1
@@ -326,6 +307,16 @@ class Trainer:
             s.ensure_part(self.stage).sampling_params = params
         return self.engine.generate(samples, rollout_step=0)
 
+    def measure(
+        self, records: Sequence[Any], samples_per_prompt: int
+    ) -> tuple[list[Sample], list[Reward], dict[str, list[float]], dict[str, float]]:
+        """Each record sampled ``samples_per_prompt`` times with the evaluation's sampler, scored:
+        (samples, rewards, solved per prompt, metrics as ``summarize_scores``)."""
+        samples = self.sample_prompts(records, samples_per_prompt, self.eval_params())
+        scored = self.reward.score_samples(samples, self.stage)
+        outcomes = solved_by_prompt(scored, samples, self.cfg.eval.success_threshold)
+        return samples, scored, outcomes, summarize_scores(scored, outcomes)
+
     @torch.no_grad()
     def evaluate(self, name: str, *, step: int, grid: bool = False) -> dict[str, float]:
         """Held-out prompts, ``eval.samples_per_prompt`` each. Metrics: ``reward`` (mean),
@@ -337,33 +328,20 @@ class Trainer:
         if not records:
             return {}
         t0 = time.time()
-        samples = self.sample_prompts(records, ev.samples_per_prompt, self.eval_params())
-        scored = self.reward.score_samples(samples, self.stage)
-        rewards = [r.total for r in scored]
-        outcomes = solved_by_prompt(scored, samples, ev.success_threshold)
-        m = summarize_scores(scored, outcomes)
-        groups: dict[str, list[Sample]] = {}
-        for s in samples:
-            groups.setdefault(s.group_id, []).append(s)
-        per_prompt = [self.sample_diversity(g) for g in groups.values()]
+        samples, scored, outcomes, m = self.measure(records, ev.samples_per_prompt)
+        per_prompt = [self.sample_diversity(g) for g in by_group(samples).values()]
         if per_prompt and None not in per_prompt:
             m["diversity"] = float(np.nanmean(np.asarray(per_prompt, dtype=float)))
         self.evals[name] = m
         self.eval_steps[name] = step
         self.eval_outcomes[name] = outcomes
         self.run.log(step, {f"eval_{k}": v for k, v in m.items()}, phase="eval")
-        log.info(
-            "eval %-8s reward=%.3f accuracy=%.1f%% pass@%d=%.1f%% (%d prompts)",
-            name,
-            m["reward"],
-            100 * m["accuracy"],
-            ev.samples_per_prompt,
-            100 * m["pass_at_k"],
-            len(outcomes),
-        )
+        log.info("eval %-8s reward=%.3f accuracy=%.1f%% pass@%d=%.1f%% (%d prompts)", name, m["reward"],
+                 100 * m["accuracy"], ev.samples_per_prompt, 100 * m["pass_at_k"], len(outcomes))  # fmt: skip
         if grid and ev.grid_size:
+            k = ev.grid_size
             path = self.save_grid(
-                samples[: ev.grid_size], rewards[: ev.grid_size], self.run.samples / f"{name}.png"
+                samples[:k], [r.total for r in scored[:k]], self.run.samples / f"{name}.png"
             )
             if path is not None:
                 self.grids.append(str(path.relative_to(self.run.root)))
@@ -371,43 +349,21 @@ class Trainer:
         return m
 
     # ---- checkpoints --------------------------------------------------------------------------
-    def cursor(self) -> dict[str, Any]:
-        """Where the run is: saved with every checkpoint, restored on resume. Beside the data cursor,
-        the run's state as JSON (``run_state``): report history, metrics rows, global RNGs."""
-        return {
-            "sft_step": self.sft_step,
-            "rl_step": self.rl_step,
-            "sft_done": int(self.sft_done),
-            **capture(self),
-        }
-
-    def restore_cursor(self, extra: dict[str, Any]) -> None:
-        self.sft_step, self.rl_step = int(extra.get("sft_step", 0)), int(extra.get("rl_step", 0))
-        self.sft_done = bool(extra.get("sft_done", False))
-        restore(self, extra)
-        log.info("resumed at rl step %d (sft step %d)", self.rl_step, self.sft_step)
+    def checkpoint_target(self) -> tuple[Any, str]:
+        """(what holds the weights and optimizer state, checkpoint format) of this trainer."""
+        return self.backend, self.cfg.checkpoint_format
 
     def save(self) -> None:
-        extra, files = self.cursor(), {}
-        if self.async_source is not None:  # the buffer's batches not yet trained, and its cursor
-            extra["async"], files[ASYNC_BUFFER_FILE] = self.async_source.checkpoint_state()
-        save_checkpoint(
-            self.run.checkpoints / "latest",
-            self.backend,
-            extra=extra,
-            format=self.cfg.checkpoint_format,
-            files=files,
-        )
+        extra, files = run_extra(self)
+        target, fmt = self.checkpoint_target()
+        save_checkpoint(self.run.checkpoints / "latest", target, extra=extra, format=fmt, files=files)
 
     def resume(self) -> bool:
         ckpt = latest_checkpoint(self.run.root)
         if ckpt is None:
             return False
         log.info("resuming from %s", ckpt)
-        extra = load_checkpoint(ckpt, self.backend)
-        self.restore_cursor(extra)
-        if "async" in extra:
-            self.async_state = (extra["async"], read_checkpoint_file(ckpt, ASYNC_BUFFER_FILE) or b"")
+        restore_run(self, ckpt, load_checkpoint(ckpt, self.checkpoint_target()[0]))
         return True
 
     # ---- the whole run ------------------------------------------------------------------------
@@ -441,36 +397,3 @@ class Trainer:
             if self.cfg.rl is not None and self.cfg.rl.steps:
                 self.evaluate("rl", step=self.rl_step, grid=True)
         self.save()
-
-
-def solved_by_prompt(
-    scored: Sequence[Reward], samples: Sequence[Sample], threshold: float
-) -> dict[str, list[float]]:
-    """prompt (group) id -> 1.0 / 0.0 per sample: total reward >= ``threshold``."""
-    out: dict[str, list[float]] = {}
-    for s, r in zip(samples, scored):
-        out.setdefault(s.group_id, []).append(float(r.total >= threshold))
-    return out
-
-
-def summarize_scores(scored: Sequence[Reward], solved: dict[str, list[float]]) -> dict[str, float]:
-    """An evaluation's metrics: ``reward`` (mean), ``accuracy`` (the fraction of samples solved, from
-    ``solved_by_prompt``), ``pass_at_k`` (prompts with one solved sample) and each check's rate."""
-    m = {
-        "reward": float(np.mean([r.total for r in scored])),
-        "accuracy": float(np.mean([v for vs in solved.values() for v in vs])),
-        "pass_at_k": float(np.mean([max(o) for o in solved.values()])),
-    }
-    return m | check_rates(scored)
-
-
-def check_rates(rewards: Sequence[Reward]) -> dict[str, float]:
-    """Mean of each scorer's own components (``name/key``, e.g. ``geneval/count``) over the samples
-    that have it: the per-check breakdown of an evaluation (a relation check exists only for
-    relation prompts, so it is averaged over those)."""
-    values: dict[str, list[float]] = {}
-    for r in rewards:
-        for k, v in r.components.items():
-            if "/" in k:
-                values.setdefault(k, []).append(float(v))
-    return {k: float(np.mean(v)) for k, v in sorted(values.items())}

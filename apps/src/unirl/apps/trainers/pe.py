@@ -28,12 +28,13 @@ import torch
 
 from unirl.apps.data import draw
 from unirl.apps.launch import run_trainer
-from unirl.apps.loop import StopFlag, make_samples
+from unirl.apps.loop import StopFlag, make_samples, signal_fraction
 from unirl.apps.plots import sample_grid
 from unirl.apps.progress import PhaseProgress
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.base import Trainer, apply_phase_lr
+from unirl.apps.trainers.base import Trainer
 from unirl.apps.trainers.pe_config import Recipe
+from unirl.apps.trainers.phases import apply_phase_lr
 from unirl.reward.service import RewardService, sample_to_item
 from unirl.rollout.ar import ARPipeline
 from unirl.rollout.engines import TrainsideEngine
@@ -283,8 +284,8 @@ class PETrainer(Trainer):
         return children, {
             "ar/reward_mean": float(np.mean(ar_rewards)),
             "ar/rewrite_exact": float(np.mean(exact)),
-            "groups_with_signal": _signal(parents, AR),
-            "diffusion/groups_with_signal": _signal(children, DIFFUSION),
+            "groups_with_signal": signal_fraction(parents, AR),
+            "diffusion/groups_with_signal": signal_fraction(children, DIFFUSION),
         }
 
     def begin_phase(self, name: str, *, starting: bool = False) -> Any:
@@ -372,31 +373,9 @@ class PETrainer(Trainer):
         ]
         return sample_grid(imgs, labels, path)
 
-    # ---- checkpoints: both stacks in one atomic checkpoint ------------------------------------
-    def save(self) -> None:
-        from unirl.train.checkpoint import save_checkpoint
-
-        ckpt = StacksCheckpoint({AR: self.ar_backend, DIFFUSION: self.backend})
-        save_checkpoint(self.run.checkpoints / "latest", ckpt, extra=self.cursor(), format="full")
-
-    def resume(self) -> bool:
-        from unirl.apps.loop import latest_checkpoint
-        from unirl.train.checkpoint import load_checkpoint
-
-        ckpt = latest_checkpoint(self.run.root)
-        if ckpt is None:
-            return False
-        extra = load_checkpoint(ckpt, StacksCheckpoint({AR: self.ar_backend, DIFFUSION: self.backend}))
-        self.restore_cursor(extra)
-        return True
-
-
-def _signal(samples: list[Sample], part: str) -> float:
-    """The fraction of groups whose rewards differ (the groups that carry a gradient)."""
-    groups: dict[str, set[float]] = {}
-    for s in samples:
-        groups.setdefault(s.group_id, set()).add(s.part(part).reward.total)  # type: ignore[union-attr]
-    return float(np.mean([len(v) > 1 for v in groups.values()]))
+    def checkpoint_target(self) -> tuple[Any, str]:
+        """Both stacks in one atomic checkpoint (gathered: ``StacksCheckpoint`` has no shards)."""
+        return StacksCheckpoint({AR: self.ar_backend, DIFFUSION: self.backend}), "full"
 
 
 def run(recipe: Recipe, run_dir: Path, *, mode: str = "train", recipe_name: str = "") -> int:

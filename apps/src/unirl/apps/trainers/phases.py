@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -10,7 +10,7 @@ from unirl.apps.asynchronous.config import AsyncConfig
 from unirl.apps.distributed.layout import LayoutConfig
 from unirl.train.algorithms import AlgorithmConfig
 from unirl.train.geometry import BatchGeometry
-from unirl.train.optim import ScheduleConfig
+from unirl.train.optim import ScheduleConfig, phase_scheduler, set_base_lr
 from unirl.types import AdvantageConfig
 
 STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -196,3 +196,14 @@ def _check_partial(rl: RLPhase, layout: str, trainer: str | None) -> None:
             f"rl.buffer.partial_rollouts=true with layout.kind={layout!r} is not supported yet (the Ray "
             "rollout workers take new weights between batches only); use layout.kind=single"
         )
+
+
+def apply_phase_lr(backend: Any, phase: Any, step: int) -> None:
+    """A phase's ``lr`` and ``scheduler`` (a schedule over its own steps, positioned at ``step``,
+    the phase's cursor) onto the backend's optimizer; neither set: the backend's schedule goes on."""
+    schedule = getattr(phase, "scheduler", None)
+    lr = phase.lr if phase.lr is not None else backend.scheduler.base_lrs[0]
+    if schedule is not None:
+        backend.scheduler = phase_scheduler(backend.optimizer, schedule, lr, step)
+    elif phase.lr is not None:
+        set_base_lr(backend.optimizer, backend.scheduler, phase.lr)

@@ -22,11 +22,12 @@ import torch
 
 from unirl.apps.data import draw
 from unirl.apps.launch import run_trainer
-from unirl.apps.loop import make_samples
+from unirl.apps.loop import make_samples, signal_fraction
 from unirl.apps.plots import sample_grid
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.base import Trainer, apply_phase_lr
+from unirl.apps.trainers.base import Trainer
 from unirl.apps.trainers.pe import OriginalPromptReward
+from unirl.apps.trainers.phases import apply_phase_lr
 from unirl.apps.trainers.unified_config import Recipe, TinyUnifiedModelConfig
 from unirl.reward.service import RewardService
 from unirl.rollout.engines import TrainsideEngine
@@ -204,12 +205,9 @@ class UnifiedTrainer(Trainer):
         for name in (AR, IMAGE):
             compute_sample_advantages(samples, name, phase.advantage)
         self.batch = samples
-        groups: dict[str, set[float]] = {}
-        for s in samples:
-            groups.setdefault(s.group_id, set()).add(s.part(IMAGE).reward.total)  # type: ignore[union-attr]
         exact = [s.part(AR).text.strip() == s.metadata.answer for s in samples]
         return samples, {
-            "groups_with_signal": float(np.mean([len(v) > 1 for v in groups.values()])),
+            "groups_with_signal": signal_fraction(samples, IMAGE),
             "ar/plan_exact": float(np.mean(exact)),
         }
 
