@@ -144,7 +144,7 @@ def test_off_policy_weights_use_each_tokens_own_behaviour_logprob() -> None:
     old_tokens = k * len(parts)  # every row is 8 long (no stop): tokens 0..k-1 are version 0's
     assert m["is_weight_clipped_frac"] == pytest.approx(old_tokens / n, abs=1e-9)
     assert m["is_weight_mean"] == pytest.approx(1 - old_tokens / n, abs=1e-9)
-    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # first update: logp == prox
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # first update: new_logprobs == old_logprobs
 
 
 @pytest.mark.slow
