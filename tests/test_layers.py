@@ -169,7 +169,7 @@ def test_apps_modules_import_without_a_cycle() -> None:
 
 def test_cycle_checker_catches_a_lazy_cycle_and_import_module(tmp_path: Path) -> None:
     """The cycle checker must be able to fail: a function-level import closing a cycle (as
-    trainers/base.py <-> distributed/driver.py once did) and an ``import_module`` string."""
+    trainers/base.py <-> distributed/controller.py once did) and an ``import_module`` string."""
     pkg = tmp_path / "unirl" / "apps"
     pkg.mkdir(parents=True)
     (pkg / "base.py").write_text("def run():\n    from unirl.apps.driver import D\n")

@@ -112,7 +112,7 @@ def test_partial_rollouts_config_errors_name_the_field() -> None:
 
 def test_off_policy_weights_use_each_tokens_own_behaviour_logprob() -> None:
     """Decoupled PPO on a partial rollout, trained at the newer version: with `old_logprobs:
-    recompute` the proximal policy is the trainer's replay, and the weight exp(prox - behav) is 1
+    recompute` the proximal policy is the trainer's replay, and the weight exp(old_logprobs - behavior_logprobs) is 1
     on the tokens that version sampled and exp(replay_new - replay_old) on the older ones. A band
     of 1 +- 1e-4 therefore masks out exactly the tokens sampled before the swap."""
     from unirl.train.algorithms import GRPOConfig, OffPolicyConfig
@@ -144,7 +144,7 @@ def test_off_policy_weights_use_each_tokens_own_behaviour_logprob() -> None:
     old_tokens = k * len(parts)  # every row is 8 long (no stop): tokens 0..k-1 are version 0's
     assert m["is_weight_clipped_frac"] == pytest.approx(old_tokens / n, abs=1e-9)
     assert m["is_weight_mean"] == pytest.approx(1 - old_tokens / n, abs=1e-9)
-    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # first update: logp == prox
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # first update: new_logprobs == old_logprobs
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 
 Two train workers (FSDP2 over gloo) and one rollout worker (trainside pipeline copy). After every
 sync the rollout worker's live weights must equal the trainer's (checksums compared by the
-driver, and here bit-exactly at the end), the weight version must follow the optimizer step, and
+controller, and here bit-exactly at the end), the weight version must follow the optimizer step, and
 the Parts of each step must carry the version of the weights that sampled them.
 """
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from unirl.apps.config import load_dict, validate
-from unirl.apps.distributed.driver import DistributedRL
+from unirl.apps.distributed.controller import DistributedRL
 from unirl.apps.distributed.recipes import ARLayoutRecipe
 from unirl.apps.distributed.run import run
 from unirl.apps.distributed.workers import RolloutWorker, TrainWorker
@@ -65,28 +65,28 @@ def test_colocate_rollout_weights_follow_every_sync(ray_cluster: Any, tmp_path: 
     recipe = tiny_recipe("layout.placement=colocate", "layout.sync=buckets", *backend)
     assert recipe.backend.kind == ("megatron" if backend else "fsdp")
     rd = RunDir(tmp_path / "run", recipe.model_dump(mode="json"), tensorboard=False)
-    driver = DistributedRL(recipe, rd, ARTrainer, recipe.layout)
+    controller = DistributedRL(recipe, rd, ARTrainer, recipe.layout)
     try:
         # one placement group: both roles share its 2 "devices", half each
-        assert driver.slabs["train"] is driver.slabs["rollout"]
-        assert driver.slabs["train"].used == [1.0, 0.5]
+        assert controller.slabs["train"] is controller.slabs["rollout"]
+        assert controller.slabs["train"].used == [1.0, 0.5]
         stop = StopFlag()
-        driver.sft(stop)  # 2 optimizer steps, then sync v2
-        samples, _ = driver.collect(recipe.rl, driver.data.train_records(), 0)
+        controller.sft(stop)  # 2 optimizer steps, then sync v2
+        samples, _ = controller.collect(recipe.rl, controller.data.train_records(), 0)
         assert {s.part("ar").weight_version for s in samples} == {2}  # sampled by the synced SFT policy
-        driver.rl(stop)  # 2 RL steps, each followed by a sync
-        assert [c["version"] for c in driver.sync_checks] == [2, 3, 4]
-        for c in driver.sync_checks:
+        controller.rl(stop)  # 2 RL steps, each followed by a sync
+        assert [c["version"] for c in controller.sync_checks] == [2, 3, 4]
+        for c in controller.sync_checks:
             assert c["rollout"] == [c["trainer"]]
-        assert len({c["trainer"] for c in driver.sync_checks}) == 3  # the weights changed each time
-        assert driver.rollout_remote.call_rank0(RolloutWorker.weight_version) == 4
-        want = driver.train.call_all(TrainWorker.full_state_dict)[0]
-        got = driver.rollout_remote.call_rank0(RolloutWorker.state_dict)
+        assert len({c["trainer"] for c in controller.sync_checks}) == 3  # the weights changed each time
+        assert controller.rollout_remote.call_rank0(RolloutWorker.weight_version) == 4
+        want = controller.train.call_all(TrainWorker.full_state_dict)[0]
+        got = controller.rollout_remote.call_rank0(RolloutWorker.state_dict)
         assert set(got) == set(want)
         for k, v in want.items():
             assert torch.equal(got[k], v), k
     finally:
-        driver.shutdown()
+        controller.shutdown()
         rd.close()
 
 
@@ -133,14 +133,14 @@ LORA = ["backend.lora.r=4", "backend.lora.alpha=8", "backend.lora.target_modules
 def test_lora_colocate_ships_base_once_then_adapters_only(ray_cluster: Any, tmp_path: Path) -> None:
     recipe = tiny_recipe(*LORA, "layout.placement=colocate", "layout.sync=buckets")
     rd = RunDir(tmp_path / "run", recipe.model_dump(mode="json"), tensorboard=False)
-    driver = DistributedRL(recipe, rd, ARTrainer, recipe.layout)
+    controller = DistributedRL(recipe, rd, ARTrainer, recipe.layout)
     try:
         stop = StopFlag()
-        driver.sft(stop)  # 2 optimizer steps on the adapters, then the first sync (v2: everything)
-        driver.rl(stop)  # 2 RL steps, each followed by an adapter-only sync
-        checks = driver.sync_checks
+        controller.sft(stop)  # 2 optimizer steps on the adapters, then the first sync (v2: everything)
+        controller.rl(stop)  # 2 RL steps, each followed by an adapter-only sync
+        checks = controller.sync_checks
         assert [(c["version"], c["scope"]) for c in checks] == [(2, "all"), (3, "adapters"), (4, "adapters")]
-        want = driver.train.call_all(TrainWorker.full_state_dict, merge_lora=False)[0]
+        want = controller.train.call_all(TrainWorker.full_state_dict, merge_lora=False)[0]
         adapters = sorted(k for k in want if "lora_" in k)
         assert len(adapters) == 4  # 1 layer x (q_proj, v_proj) x (A, B)
         assert checks[0]["tensors"] > len(adapters)  # base weights too
@@ -148,14 +148,14 @@ def test_lora_colocate_ships_base_once_then_adapters_only(ray_cluster: Any, tmp_
         for c in checks:  # the rollout copy's live weights (base + adapters) == the trainer's
             assert c["rollout"] == [c["trainer"]]
         assert len({c["trainer"] for c in checks}) == 3  # each sync carried new adapter values
-        got = driver.rollout_remote.call_rank0(RolloutWorker.state_dict)
+        got = controller.rollout_remote.call_rank0(RolloutWorker.state_dict)
         assert set(got) == set(want)
         for k, v in want.items():
             assert torch.equal(got[k], v), k
         # peft inits lora_B to zero: non-zero now means the trained adapters reached the rollout copy
         assert all(got[k].abs().max() > 0 for k in adapters if "lora_B" in k)
     finally:
-        driver.shutdown()
+        controller.shutdown()
         rd.close()
 
 
@@ -179,7 +179,7 @@ def test_lora_separate_broadcast_with_sharded_checkpoint(ray_cluster: Any, tmp_p
     extra = json.loads((slot / "extra.json").read_text())
     cursor = {k: extra[k] for k in ("sft_step", "rl_step", "sft_done", "weight_version")}
     assert cursor == {"sft_step": 1, "rl_step": 2, "sft_done": 0, "weight_version": 3}
-    # the driver's run state: the report's history to the end, every metrics row, its global RNGs
+    # the controller's run state: the report's history to the end, every metrics row, its global RNGs
     assert [e["name"] for e in extra["report"]["evals"]] == ["init", "sft", "rl"]
     assert extra["metrics_rows"] == len(rows) and set(extra["rng"]) == {"python", "numpy"}
     from unirl.train.sharded_checkpoint import consolidate
@@ -189,7 +189,7 @@ def test_lora_separate_broadcast_with_sharded_checkpoint(ray_cluster: Any, tmp_p
     # the frozen base is not checkpointed; torch's ignore_frozen_params keeps only the alias of the
     # embeddings that the tiny Qwen3 ties its lm_head to
     assert {k for k in model if "lora_" not in k} == {"model/lm_head.weight"}
-    # resumed by the driver with one more RL step: the report keeps the stages before the resume
+    # resumed by the controller with one more RL step: the report keeps the stages before the resume
     # (the earlier final evaluation is now rl@2) and each step is logged once
     assert run(tiny_recipe(*args, "rl.steps=3"), tmp_path / "run", recipe_name="arithmetic_grpo") == 0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

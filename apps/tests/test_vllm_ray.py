@@ -24,7 +24,7 @@ pytest.importorskip("vllm")
 import psutil
 
 from unirl.apps.config import load_dict, validate
-from unirl.apps.distributed.driver import DistributedRL
+from unirl.apps.distributed.controller import DistributedRL
 from unirl.apps.distributed.recipes import ARLayoutRecipe
 from unirl.apps.distributed.run import run
 from unirl.apps.distributed.workers import RolloutWorker
@@ -89,27 +89,27 @@ def check_rl_rows(rows: list[dict[str, Any]], versions: list[float]) -> None:
 def test_colocate_vllm_engine_receives_every_version(ray_cluster: Any, tmp_path: Path) -> None:
     recipe = tiny_recipe("layout.placement=colocate", "layout.sync=buckets", "layout.train_workers=2")
     rd = RunDir(tmp_path / "run", recipe.model_dump(mode="json"), tensorboard=False)
-    driver = DistributedRL(recipe, rd, ARTrainer, recipe.layout)
-    actors = [psutil.Process(pid) for pid in driver.rollout_remote.pids]
+    controller = DistributedRL(recipe, rd, ARTrainer, recipe.layout)
+    actors = [psutil.Process(pid) for pid in controller.rollout_remote.pids]
     try:
-        assert driver.slabs["train"] is driver.slabs["rollout"]
+        assert controller.slabs["train"] is controller.slabs["rollout"]
         # vLLM's engine core runs inside the rollout actor: no child process to orphan
         assert all(a.children(recursive=True) == [] for a in actors)
         stop = StopFlag()
-        driver.sft(stop)  # 2 optimizer steps, then sync v2
-        samples, _ = driver.collect(recipe.rl, driver.data.train_records(), 0)
+        controller.sft(stop)  # 2 optimizer steps, then sync v2
+        samples, _ = controller.collect(recipe.rl, controller.data.train_records(), 0)
         assert {s.part("ar").weight_version for s in samples} == {2}  # vLLM sampled the SFT policy
-        driver.rl(stop)  # 2 RL steps, each followed by a sync
-        assert [c["version"] for c in driver.sync_checks] == [2, 3, 4]
-        for c in driver.sync_checks:
+        controller.rl(stop)  # 2 RL steps, each followed by a sync
+        assert [c["version"] for c in controller.sync_checks] == [2, 3, 4]
+        for c in controller.sync_checks:
             assert c["rollout"] == [c["trainer"]]  # the engine's reference copy is the trainer's
             (engine,) = c["engine"]
             assert engine["version"] == c["version"] and engine["canary_gap"] < 1e-4
-        assert len({c["engine"][0]["checksum"] for c in driver.sync_checks}) == 3  # new bytes each time
-        assert driver.rollout_remote.call_rank0(RolloutWorker.weight_version) == 4
+        assert len({c["engine"][0]["checksum"] for c in controller.sync_checks}) == 3  # new bytes each time
+        assert controller.rollout_remote.call_rank0(RolloutWorker.weight_version) == 4
         check_rl_rows(read_metrics(rd.root / "metrics.jsonl"), [3.0, 4.0])
     finally:
-        driver.shutdown()
+        controller.shutdown()
         rd.close()
     _, alive = psutil.wait_procs(actors, timeout=60)
     assert alive == [] and vllm_processes() == []

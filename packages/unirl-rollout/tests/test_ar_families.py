@@ -112,8 +112,8 @@ def test_rollout_replay_first_update_ratio_is_one(family_dir: tuple[str, Path]) 
     assert all(p.text == bundle.decode(p.segment.response_ids) for p in parts)
     with torch.no_grad():
         replay = pipe.replay_logprobs(parts)
-    old = behavior_logprobs(parts)
-    ratio = torch.exp(replay.logp - old)[replay.mask]
+    old_logprobs = behavior_logprobs(parts)
+    ratio = torch.exp(replay.logp - old_logprobs)[replay.mask]
     assert ratio.numel() == sum(len(p.segment.response_ids) for p in parts) > 0
     assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0), (ratio - 1).abs().max()
 

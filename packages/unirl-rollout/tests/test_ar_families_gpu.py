@@ -44,9 +44,9 @@ def _train_step(pipe: object, parts: list) -> float:
     torch.cuda.synchronize()
     t0 = time.time()
     replay = pipe.replay_logprobs(parts)  # type: ignore[attr-defined]
-    old = behavior_logprobs(parts).cuda()
+    old_logprobs = behavior_logprobs(parts).cuda()
     adv = torch.linspace(-1, 1, len(parts), device="cuda")[:, None]
-    ratio = torch.exp(replay.logp - old)
+    ratio = torch.exp(replay.logp - old_logprobs)
     loss = -(ratio * adv)[replay.mask].mean()
     loss.backward()
     opt.step()

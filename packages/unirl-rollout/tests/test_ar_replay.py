@@ -41,10 +41,10 @@ def mixed_length_rollout(bundle: CausalLMBundle) -> tuple[ARPipeline, list[Part]
 def test_first_update_ratio_is_one(bundle: CausalLMBundle) -> None:
     pipe, parts = mixed_length_rollout(bundle)
     replay = pipe.replay_logprobs(parts)
-    old = behavior_logprobs(parts)
-    assert replay.logp.shape == old.shape == replay.mask.shape
+    old_logprobs = behavior_logprobs(parts)
+    assert replay.logp.shape == old_logprobs.shape == replay.mask.shape
     assert replay.mask.sum().item() == sum(len(p.segment.response_ids) for p in parts)
-    ratio = torch.exp(replay.logp - old)[replay.mask]
+    ratio = torch.exp(replay.logp - old_logprobs)[replay.mask]
     assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0), (ratio - 1).abs().max()
     assert (replay.logp[~replay.mask] == 0).all()
 

@@ -15,6 +15,7 @@ from unirl.rollout.ar.sampling import (
     inverse_cdf_sample,
     sample_next_token,
     tempered_logprobs,
+    token_logprobs,
 )
 from unirl.rollout.ar.stopping import cut_at_stop_string, first_stop
 
@@ -108,6 +109,26 @@ def test_logprob_is_tempered_unfiltered() -> None:
     assert torch.allclose(lp, torch.tensor([math.log(0.25 / 0.365)]))
 
 
+def test_recorded_logprob_is_the_replay_function_bitwise() -> None:
+    """Sampling records ``token_logprobs`` of the drawn token, so replaying the same logits
+    teacher-forced (``[B, T, V]``, one temperature per row) gives the recorded values exactly."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, 3, 300, generator=g)  # [B, T, V]
+    temps = torch.tensor([1.0, 0.7, 1.3, 0.9])
+    recorded = []
+    for t in range(3):
+        rows = [
+            sample_next_token(
+                logits[b : b + 1, t], torch.rand(1, generator=g), temperature=float(temps[b]), top_k=50
+            )
+            for b in range(4)
+        ]
+        recorded.append((torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])))
+    ids_BT = torch.stack([r[0] for r in recorded], dim=1)
+    replayed = token_logprobs(logits, temps.view(-1, 1, 1), ids_BT)
+    assert torch.equal(replayed, torch.stack([r[1] for r in recorded], dim=1))
+
+
 def test_first_stop_and_cut() -> None:
     assert first_stop("abc END x STOP", ["STOP", "END"]) == 4
     assert first_stop("abc", ["x", ""]) is None
@@ -152,10 +173,9 @@ def test_two_level_search_draws_the_flat_cdf_tokens(monkeypatch) -> None:
 
 
 def test_token_logprobs_match_the_tempered_distribution_with_gradients() -> None:
-    """Replay's ``z[id] - logsumexp(z)`` (compiled on CUDA) equals ``tempered_logprobs`` gathered
-    at the ids, in value and in gradient, with a per-row temperature; also through torch.compile."""
-    from unirl.rollout.ar.replay import token_logprobs
-
+    """``token_logprobs`` (``z[id] - logsumexp(z)``, compiled in replay on CUDA) equals
+    ``tempered_logprobs`` gathered at the ids, in value and in gradient, with a per-row
+    temperature; also through torch.compile."""
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(3, 5, 40, generator=g, dtype=torch.float64).to(torch.bfloat16)
     temp = torch.tensor([1.0, 0.7, 1.3]).view(-1, 1, 1)

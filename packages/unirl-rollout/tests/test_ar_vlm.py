@@ -75,8 +75,8 @@ def test_first_update_ratio_is_one(checkpoint: Path, freeze_vision: bool) -> Non
         {"image_grid_thw", "image_embeds"} if freeze_vision else {"image_grid_thw", "pixel_values"}
     )
     replay = pipe.replay_logprobs(parts)
-    old = behavior_logprobs(parts)
-    ratio = torch.exp(replay.logp - old)[replay.mask]
+    old_logprobs = behavior_logprobs(parts)
+    ratio = torch.exp(replay.logp - old_logprobs)[replay.mask]
     assert ratio.numel() == sum(len(p.segment.response_ids) for p in parts) > 5
     assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0), (ratio - 1).abs().max()
     # gradients reach the vision tower only when it trains

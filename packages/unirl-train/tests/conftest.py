@@ -77,11 +77,11 @@ class TokenPPO:
 
     def loss(self, parts: Sequence[Part], pipeline: TokenPipeline, totals: BatchTotals):
         rep = pipeline.replay_logprobs(parts)
-        old = torch.zeros_like(rep.logp)
+        old_logprobs = torch.zeros_like(rep.logp)
         for b, p in enumerate(parts):
-            old[b, : len(p.segment.response_ids)] = p.segment.log_probs
+            old_logprobs[b, : len(p.segment.response_ids)] = p.segment.log_probs
         adv = torch.tensor([p.advantage for p in parts])[:, None]
-        ratio = torch.exp(rep.logp - old)
+        ratio = torch.exp(rep.logp - old_logprobs)
         per = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - self.clip, 1 + self.clip))
         per = per * rep.mask
         denom = rep.mask.sum() if self.local_norm else totals.num_tokens

@@ -128,21 +128,21 @@ def test_recompute_old_logprobs_restores_ratio_one_under_engine_mismatch():
     rec.prepare(parts, pipe)
     _, m = rec.loss(parts, pipe, _totals(parts))
     assert abs(m["ratio_min"] - 1) < 1e-6 and abs(m["ratio_max"] - 1) < 1e-6
-    # the mask keeps tokens whose exp(logp_old - logp_behav) lies in [0.9, 1.1]
-    prox = pipe.replay_logprobs(parts)
-    behav = torch.zeros_like(prox.logp)
+    # the mask keeps tokens whose exp(old_logprobs - behavior_logprobs) lies in [0.9, 1.1]
+    old_replay = pipe.replay_logprobs(parts)
+    behavior_logprobs = torch.zeros_like(old_replay.logp)
     for b, p in enumerate(parts):
-        behav[b, : len(p.segment.response_ids)] = p.segment.log_probs
-    w = torch.exp(prox.logp.detach() - behav)
-    kept = ((w >= 0.9) & (w <= 1.1) & prox.mask).sum() / prox.mask.sum()
+        behavior_logprobs[b, : len(p.segment.response_ids)] = p.segment.log_probs
+    w = torch.exp(old_replay.logp.detach() - behavior_logprobs)
+    kept = ((w >= 0.9) & (w <= 1.1) & old_replay.mask).sum() / old_replay.mask.sum()
     assert abs(m["is_weight_mean"] - kept.item()) < 1e-6 and 0 < m["is_weight_mean"] < 1
     assert abs(m["is_weight_clipped_frac"] - (1 - kept.item())) < 1e-6
-    assert abs(m["is_weight_raw_max"] - w[prox.mask.bool()].max().item()) < 1e-5
+    assert abs(m["is_weight_raw_max"] - w[old_replay.mask.bool()].max().item()) < 1e-5
     # truncation at C = 1.05: the clipped fraction is the share of tokens whose weight exceeds C
     tis = GRPOConfig(old_logprobs="recompute", off_policy=OffPolicyConfig(mode="truncate", cap=1.05)).build()
     tis.prepare(parts, pipe)
     m = tis.loss(parts, pipe, _totals(parts))[1]
-    over = ((w > 1.05) & prox.mask).sum() / prox.mask.sum()
+    over = ((w > 1.05) & old_replay.mask).sum() / old_replay.mask.sum()
     assert abs(m["is_weight_clipped_frac"] - over.item()) < 1e-6 and 0 < over < 1
 
 

@@ -179,8 +179,8 @@ def test_flow_dppo_mask_follows_the_pure_function():
     _perturb(pipe.module, scale=0.2)
     loss, m = alg.loss(parts, pipe, _totals(parts))
     rep = pipe.replay_step(parts, 2)
-    old = torch.stack([p.segment.log_probs[0] for p in parts])
-    ratio = torch.exp(rep.log_prob - old)
+    old_logprobs = torch.stack([p.segment.log_probs[0] for p in parts])
+    ratio = torch.exp(rep.log_prob - old_logprobs)
     div = dppo_divergence(rep.mean, torch.stack([p.segment.old_means[0] for p in parts]), rep.std)
     adv = torch.tensor(ADV[:4])
     keep = dppo_mask(div, ratio, adv, 1e-4)
@@ -229,7 +229,7 @@ def test_untrainable_parts_give_clear_errors():
 def test_flow_grpo_decoupled_off_policy_on_a_stale_rollout():
     """A rollout sampled by an older policy (async): with the stored log-probs the first update's
     ratio is off 1 and the tiny clip range zeroes most of the gradient; recomputed (proximal)
-    log-probs give ratio 1, and each SDE step is weighted by min(exp(logp_old - logp_behav), C)."""
+    log-probs give ratio 1, and each SDE step is weighted by min(exp(old_logprobs - behavior_logprobs), C)."""
     from unirl.train.algorithms import OffPolicyConfig
 
     pipe, parts = _setup()
@@ -244,13 +244,19 @@ def test_flow_grpo_decoupled_off_policy_on_a_stale_rollout():
     alg.prepare(parts, pipe)
     loss, m = alg.loss(parts, pipe, _totals(parts))
     assert abs(m["ratio_min"] - 1) < 1e-5 and abs(m["ratio_max"] - 1) < 1e-5 and m["clip_frac"] == 0.0
-    # rho = 1: the loss is -sum_(i,j) w_ij A_i / N with w_ij = min(exp(prox_ij - behav_ij), C)
-    prox = torch.stack([pipe.replay_step(parts, j).log_prob.detach() for j in range(4)], dim=1)
-    behav = torch.stack([p.segment.log_probs for p in parts])
-    w = torch.clamp(torch.exp(prox - behav), max=cap)
+    # rho = 1: the loss is -sum_(i,j) w_ij A_i / N with w_ij = min(exp(old_logprobs_ij - behavior_logprobs_ij), C)
+    old_logprobs = torch.stack([pipe.replay_step(parts, j).log_prob.detach() for j in range(4)], dim=1)
+    behavior_logprobs = torch.stack([p.segment.log_probs for p in parts])
+    w = torch.clamp(torch.exp(old_logprobs - behavior_logprobs), max=cap)
     expected = -(w * torch.tensor(ADV)[:, None]).sum() / 32
     assert abs(loss.item() - expected.item()) < 1e-5
     assert 0 < m["is_weight_clipped_frac"] < 1
-    assert abs(m["is_weight_clipped_frac"] - (torch.exp(prox - behav) > cap).float().mean().item()) < 1e-6
+    assert (
+        abs(
+            m["is_weight_clipped_frac"]
+            - (torch.exp(old_logprobs - behavior_logprobs) > cap).float().mean().item()
+        )
+        < 1e-6
+    )
     with pytest.raises(ValueError, match="needs old_logprobs='recompute'"):
         FlowGRPOConfig(off_policy=OffPolicyConfig(mode="truncate", cap=2.0))

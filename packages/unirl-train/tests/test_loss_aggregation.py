@@ -45,27 +45,27 @@ def _batch(seed=0, b=8, t=7):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, t + 1, (b,), generator=g)
     mask = (torch.arange(t)[None, :] < lengths[:, None]).float()
-    logp_old = -torch.rand(b, t, generator=g) * 3
-    logp = logp_old + 0.3 * torch.randn(b, t, generator=g)
+    old_logprobs = -torch.rand(b, t, generator=g) * 3
+    logp = old_logprobs + 0.3 * torch.randn(b, t, generator=g)
     adv = torch.randn(b, generator=g)
-    return logp, logp_old, adv, mask, lengths
+    return logp, old_logprobs, adv, mask, lengths
 
 
-def _token_losses(kind, logp, old, adv, mask):
+def _token_losses(kind, logp, old_logprobs, adv, mask):
     if kind == "ppo":
-        return ppo_token_loss(logp, old, adv, 0.2, 0.28, 3.0)[0]
+        return ppo_token_loss(logp, old_logprobs, adv, 0.2, 0.28, 3.0)[0]
     if kind == "drpo":
-        return drpo_token_loss(logp, old, adv)[0]
+        return drpo_token_loss(logp, old_logprobs, adv)[0]
     raise AssertionError(kind)
 
 
 @pytest.mark.parametrize("kind", ["ppo", "drpo"])
 @pytest.mark.parametrize("mode", AGGREGATION_MODES)
 def test_micro_batch_invariance_1x8_vs_8x1(kind, mode):
-    logp, old, adv, mask, lengths = _batch()
+    logp, old_logprobs, adv, mask, lengths = _batch()
     totals = {"num_tokens": int(mask.sum()), "num_samples": 8, "horizon": 7}
     full_logp = logp.clone().requires_grad_(True)
-    full = aggregate(_token_losses(kind, full_logp, old, adv, mask), mask, mode, **totals)
+    full = aggregate(_token_losses(kind, full_logp, old_logprobs, adv, mask), mask, mode, **totals)
     full.backward()
 
     micro_logp = logp.clone().requires_grad_(True)
@@ -74,7 +74,7 @@ def test_micro_batch_invariance_1x8_vs_8x1(kind, mode):
         n = int(lengths[i])  # each micro-batch is padded only to its own length
         lp = micro_logp[i : i + 1, :n]
         part = aggregate(
-            _token_losses(kind, lp, old[i : i + 1, :n], adv[i : i + 1], mask[i : i + 1, :n]),
+            _token_losses(kind, lp, old_logprobs[i : i + 1, :n], adv[i : i + 1], mask[i : i + 1, :n]),
             mask[i : i + 1, :n],
             mode,
             **totals,
@@ -86,9 +86,9 @@ def test_micro_batch_invariance_1x8_vs_8x1(kind, mode):
 
 
 def test_gspo_micro_batch_invariance():
-    logp, old, adv, mask, lengths = _batch(seed=1)
+    logp, old_logprobs, adv, mask, lengths = _batch(seed=1)
     full_logp = logp.clone().requires_grad_(True)
-    full = gspo_sequence_loss(full_logp, old, adv, mask, 3e-4, 4e-4)[0].sum() / 8
+    full = gspo_sequence_loss(full_logp, old_logprobs, adv, mask, 3e-4, 4e-4)[0].sum() / 8
     full.backward()
     micro_logp = logp.clone().requires_grad_(True)
     total = 0.0
@@ -96,7 +96,12 @@ def test_gspo_micro_batch_invariance():
         n = int(lengths[i])
         part = (
             gspo_sequence_loss(
-                micro_logp[i : i + 1, :n], old[i : i + 1, :n], adv[i : i + 1], mask[i : i + 1, :n], 3e-4, 4e-4
+                micro_logp[i : i + 1, :n],
+                old_logprobs[i : i + 1, :n],
+                adv[i : i + 1],
+                mask[i : i + 1, :n],
+                3e-4,
+                4e-4,
             )[0].sum()
             / 8
         )

@@ -42,22 +42,22 @@ def test_dynamic_sampling_filter():
 
 def test_decoupled_weight_truncate_and_mask():
     # behaviour logp 0, proximal logp ln w with w = [2, 0.5, 10, 3]; the last token is padding
-    prox = torch.log(torch.tensor([[2.0, 0.5, 10.0, 3.0]]))
-    behav = torch.zeros(1, 4)
+    old_logprobs = torch.log(torch.tensor([[2.0, 0.5, 10.0, 3.0]]))
+    behavior_logprobs = torch.zeros(1, 4)
     mask = torch.tensor([[1, 1, 1, 0]])
     # truncated IS, C = 5: [2, 0.5, min(10, 5), 0 (padding)]
-    w = decoupled_weight(prox, behav, mask, "truncate", cap=5.0)
+    w = decoupled_weight(old_logprobs, behavior_logprobs, mask, "truncate", cap=5.0)
     torch.testing.assert_close(w, torch.tensor([[2.0, 0.5, 5.0, 0.0]]))
     # mask to [0.6, 4]: only 2 is inside -> [1, 0, 0, 0]
-    w = decoupled_weight(prox, behav, mask, "mask", c_min=0.6, c_max=4.0)
+    w = decoupled_weight(old_logprobs, behavior_logprobs, mask, "mask", c_min=0.6, c_max=4.0)
     torch.testing.assert_close(w, torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
     # sequence level: exp(ln 2 + ln 0.5 + ln 10) = 10 for every token, truncated to 5
-    w = decoupled_weight(prox, behav, mask, "truncate", cap=5.0, level="sequence")
+    w = decoupled_weight(old_logprobs, behavior_logprobs, mask, "truncate", cap=5.0, level="sequence")
     torch.testing.assert_close(w, torch.tensor([[5.0, 5.0, 5.0, 0.0]]))
     with pytest.raises(ValueError, match="cap"):
-        decoupled_weight(prox, behav, mask, "truncate")
+        decoupled_weight(old_logprobs, behavior_logprobs, mask, "truncate")
     with pytest.raises(ValueError, match="c_min"):
-        decoupled_weight(prox, behav, mask, "mask", c_min=2.0, c_max=1.0)
+        decoupled_weight(old_logprobs, behavior_logprobs, mask, "mask", c_min=2.0, c_max=1.0)
 
 
 def test_token_nll():

@@ -34,11 +34,11 @@ def test_flow_grpo_worked_values_and_gradient():
     torch.testing.assert_close(logp.grad, torch.tensor([0.0, -0.8, 1.2, 0.0, -2.0]) / 5, atol=1e-6, rtol=0)
 
 
-def test_flow_grpo_old_logp_and_advantage_carry_no_gradient():
-    old = torch.zeros(5, requires_grad=True)
+def test_flow_grpo_old_logprobs_and_advantage_carry_no_gradient():
+    old_logprobs = torch.zeros(5, requires_grad=True)
     adv = ADV.clone().requires_grad_(True)
-    flow_grpo_step_loss(_logp(), old, adv, eps=0.1).sum().backward()
-    assert old.grad is None and adv.grad is None
+    flow_grpo_step_loss(_logp(), old_logprobs, adv, eps=0.1).sum().backward()
+    assert old_logprobs.grad is None and adv.grad is None
 
 
 def test_diagnostics_worked_values():

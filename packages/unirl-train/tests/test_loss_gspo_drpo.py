@@ -26,21 +26,21 @@ def test_gspo_sequence_ratio_worked():
 
 
 def test_drpo_worked():
-    # token 0: logp_old = ln 0.5 (w = 0.5), logp = 0 -> rho = 2, A = 1, eps = 12.5
+    # token 0: old_logprobs = ln 0.5 (w = 0.5), logp = 0 -> rho = 2, A = 1, eps = 12.5
     #   l = -2 + 1 * 0.5 * (2 - 1)^2 / 25 = -1.98
     #   dl/dlogp = (-A + |A| w (rho - 1) / eps) * rho = (-1 + 0.5 / 12.5) * 2 = -1.92
-    # token 1: logp_old = ln 0.8 (w = 0.8), logp = ln 0.4 -> rho = 0.5, A = -1
+    # token 1: old_logprobs = ln 0.8 (w = 0.8), logp = ln 0.4 -> rho = 0.5, A = -1
     #   l = 0.5 + 0.8 * 0.25 / 25 = 0.508
     #   dl/dlogp = (1 + 0.8 * (-0.5) / 12.5) * 0.5 = (1 - 0.032) * 0.5 = 0.484
-    old = torch.log(torch.tensor([[0.5, 0.8]]))
+    old_logprobs = torch.log(torch.tensor([[0.5, 0.8]]))
     logp = torch.log(torch.tensor([[1.0, 0.4]])).requires_grad_(True)
-    loss, ratio = drpo_token_loss(logp, old, torch.tensor([[1.0, -1.0]]))
+    loss, ratio = drpo_token_loss(logp, old_logprobs, torch.tensor([[1.0, -1.0]]))
     torch.testing.assert_close(loss, torch.tensor([[-1.98, 0.508]]))
     torch.testing.assert_close(ratio, torch.tensor([[2.0, 0.5]]))
     loss.sum().backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-1.92, 0.484]]))
     # w = 1 (not token-adaptive): token 0 -> -2 + 1/25 = -1.96; the ratio is never clipped
-    loss1, _ = drpo_token_loss(logp.detach(), old, torch.tensor([1.0]), token_adaptive=False)
+    loss1, _ = drpo_token_loss(logp.detach(), old_logprobs, torch.tensor([1.0]), token_adaptive=False)
     assert abs(loss1[0, 0].item() - (-1.96)) < 1e-6
     with pytest.raises(ValueError, match="eps"):
-        drpo_token_loss(logp, old, torch.tensor([1.0]), eps=0.0)
+        drpo_token_loss(logp, old_logprobs, torch.tensor([1.0]), eps=0.0)

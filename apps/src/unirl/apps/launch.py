@@ -1,7 +1,7 @@
 """Run one recipe: the domain trainer in this process, or laid out on Ray workers (``layout.kind``).
 
-Kept apart from ``trainers/base.py`` so the shared lifecycle does not import the Ray driver that
-builds on it (``distributed/driver.py`` subclasses ``Trainer``).
+Kept apart from ``trainers/base.py`` so the shared lifecycle does not import the Ray controller
+that builds on it (``distributed/controller.py`` subclasses ``Trainer``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def run_trainer(
     if recipe.layout.kind == "ray":  # the same recipe on Ray workers: config decides, code does not change
         from functools import partial
 
-        from unirl.apps.distributed.driver import DistributedRL
+        from unirl.apps.distributed.controller import DistributedRL
         from unirl.apps.distributed.layout import check_layout, ensure_ray
 
         check_layout(recipe, recipe.layout)  # before Ray starts: a bad batch split fails in a second

@@ -24,7 +24,7 @@ PANELS: list[tuple[str, str, tuple[str, ...]]] = [
     ),
     (
         "is_weight.png",
-        "off-policy weights exp(logp_old - logp_behav): mean, raw max, clipped fraction",
+        "off-policy weights exp(old_logprobs - behavior_logprobs): mean, raw max, clipped fraction",
         ("is_weight_mean", "is_weight_raw_max", "is_weight_clipped_frac"),
     ),
 ]

@@ -20,13 +20,13 @@ from unirl.types import Sample
 
 
 class RayRolloutSide:
-    """Implements ``unirl.apps.asynchronous.source.RolloutSide`` over a ``DistributedRL`` driver."""
+    """Implements ``unirl.apps.asynchronous.source.RolloutSide`` over a ``DistributedRL`` controller."""
 
     shared = True
-    """The rollout workers also run the driver's evaluations: the trainer borrows them."""
+    """The rollout workers also run the controller's evaluations: the trainer borrows them."""
 
-    def __init__(self, driver: Any) -> None:
-        self.d = driver
+    def __init__(self, controller: Any) -> None:
+        self.d = controller
         self._lock = threading.Lock()
         self._staged: tuple[int, SyncTicket | None] | None = None  # newest pushed, not pulled yet
         # (a None ticket: the workers already hold these weights, e.g. the SFT result at RL's start)
@@ -69,7 +69,7 @@ class RayRolloutSide:
             with self._lock:
                 self._pulled.append((ticket, acks))
             self.version = version
-            d.synced_version = ticket.version  # the driver's own sync (evaluations) is then a no-op
+            d.synced_version = ticket.version  # the controller's own sync (evaluations) is then a no-op
         if self.version < min_version:
             raise RuntimeError(
                 f"async rollout needs policy version >= {min_version}; the workers hold {self.version}"

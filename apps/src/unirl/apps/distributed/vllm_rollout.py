@@ -12,7 +12,7 @@ same in vLLM and in the copy). The copy is also the engine's parity
 
 vLLM runs in the actor's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the ``uni``
 executor): no fork of a multi-threaded Ray worker, and when Ray kills the actor nothing is
-left behind. ``mode: server`` still launches a server process; ``close`` (called by the driver
+left behind. ``mode: server`` still launches a server process; ``close`` (called by the controller
 before it kills the actors) stops it.
 """
 
@@ -41,7 +41,7 @@ class VLLMRolloutWorker(RolloutWorker):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         model_dir = engine_model_dir(recipe, self.bundle, Path(scratch) / f"rollout{info.rank}_engine_init")
         initial = stamp_of(module_weights(self.module), 0)  # only its checksum is used
-        # version -1: the start-up weights are no trainer version; the driver syncs before sampling
+        # version -1: the start-up weights are no trainer version; the controller syncs before sampling
         self.engine: Any = recipe.rollout.engine.build(
             self.pipeline,
             model_dir,
@@ -58,7 +58,7 @@ class VLLMRolloutWorker(RolloutWorker):
         if self.last_sync is None:
             raise RuntimeError(
                 f"rollout{self.info.rank}: vLLM asked to sample before the first weight sync; "
-                "the driver must sync the trainer's weights first"
+                "the controller must sync the trainer's weights first"
             )
         return super().generate(samples)
 

@@ -3,7 +3,7 @@
 - :class:`TrainWorker`: one data-parallel rank. It builds the domain trainer (``ARTrainer`` /
   ``DiffusionTrainer``) inside the Remote's torch.distributed group, so its backend (FSDP2, or
   megatron-core with every rank data parallel) spans every train rank; it trains the shard the
-  driver scatters to it and sends weights (rank 0 is the weight-plane source; the other ranks
+  controller scatters to it and sends weights (rank 0 is the weight-plane source; the other ranks
   take part in the gathers) through the ``layout.sync`` plane it builds.
 - :class:`RolloutWorker`: a trainside copy of the domain pipeline (bundle + pipeline + engine, no
   optimizer) that samples and receives the trained weights through the weight plane. With
@@ -17,7 +17,7 @@ sync of a rollout worker ships every parameter (the base weights it must share w
 each later one ships only the adapter tensors (``push_adapters`` / ``pull_adapters``), and the
 receiver requires exactly its own adapter set to arrive.
 
-Worker methods are plain methods: the driver calls them through ``Remote.call_*``.
+Worker methods are plain methods: the controller (``DistributedRL``) calls them through ``Remote.call_*``.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class TrainWorker:
             # the rollout workers own the dedicated engine; a train rank only trains
             recipe = recipe.model_copy(update={"rollout": type(recipe.rollout)()})
         # the domain trainer builds bundle, backend (FSDP2 over this Remote's group), algorithm;
-        # its RunDir is a scratch dir: the driver owns the real run directory
+        # its RunDir is a scratch dir: the controller owns the real run directory
         self.trainer = domain(recipe, RunDir(Path(scratch) / f"train{info.rank}", tensorboard=False))
         torch.set_num_threads(threads)
         self.stack: TrainStack | None = None
@@ -116,13 +116,13 @@ class TrainWorker:
     def backend(self) -> Any:
         return self.trainer.backend
 
-    # -- domain pieces the driver needs -----------------------------------------------------------
+    # -- domain pieces the controller needs --------------------------------------------------------
     def eval_params(self) -> Any:
         """Sampling params of held-out evaluation."""
         return self.trainer.eval_params()
 
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:
-        """The supervised Parts of SFT step ``step`` (called on rank 0; the driver scatters them)."""
+        """The supervised Parts of SFT step ``step`` (called on rank 0; the controller scatters them)."""
         return list(self.trainer.sft_parts(batch_size, step))
 
     def global_step(self) -> int:
@@ -196,7 +196,7 @@ class TrainWorker:
         self, path: str, extra: dict[str, Any], format: str = "full", files: dict[str, bytes] | None = None
     ) -> str:
         """Checkpoint ``format`` ('full' or 'sharded', see unirl.train.checkpoint) to ``path``, with
-        the driver's extra ``files`` (e.g. the async buffer)."""
+        the controller's extra ``files`` (e.g. the async buffer)."""
         return str(save_checkpoint(path, self.backend, extra=extra, format=format, files=files))  # type: ignore[arg-type]  # checked there
 
     def load(self, path: str) -> dict[str, Any]:

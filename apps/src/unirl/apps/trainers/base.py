@@ -82,7 +82,7 @@ class Trainer:
 
     @classmethod
     def make_steps(cls, recipe: Any, algorithm: object) -> DomainSteps:
-        """The domain's model-free steps (``self.steps``; the Ray driver builds its own)."""
+        """The domain's model-free steps (``self.steps``; the Ray controller builds its own)."""
         return NoSteps()
 
     def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path | None:

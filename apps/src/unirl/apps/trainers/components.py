@@ -4,7 +4,7 @@
   module; built by the domain recipe's ``build_policy`` (the trainer's own policy, a Ray rollout
   worker's copy and the async rollout copy come from the same function).
 - :class:`DomainSteps`: the few steps that differ by domain but need no model (reward shaping,
-  an evaluation's grid and diversity); the trainer and the Ray driver both hold one, so neither
+  an evaluation's grid and diversity); the trainer and the Ray controller both hold one, so neither
   calls another class's methods with itself.
 """
 

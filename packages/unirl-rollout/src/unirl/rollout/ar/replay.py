@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from unirl.rollout.ar.sampling import tempered_logprobs
+from unirl.rollout.ar.sampling import tempered_logprobs, token_logprobs
 
 
 @dataclass
@@ -67,8 +67,9 @@ def replay_token_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     """``(logp [B, T], entropy [B, T] or None)``, fp32, for each response token given its context.
 
-    ``logp`` is the log-prob of the stored token under ``log_softmax(logits / temperature)``;
-    ``entropy`` (when asked) is that tempered distribution's entropy. Runs under the caller's
+    ``logp`` is the log-prob of the stored token under ``log_softmax(logits / temperature)``, by
+    the function sampling records it with (``sampling.token_logprobs``); ``entropy`` (when asked)
+    is that tempered distribution's entropy. Runs under the caller's
     grad mode (with gradients during training). Entries past a response's end are 0.
     """
     if not prompts or len(prompts) != len(responses) or len(temperatures) != len(prompts):
@@ -87,23 +88,17 @@ def replay_token_logprobs(
     lengths_B = torch.tensor([len(r) for r in responses], device=device)
     pad_BT = torch.arange(T, device=device)[None, :] >= lengths_B[:, None]
     logits_BTV = out.logits[:, :-1]
+    fn = _token_logprobs_compiled() if logits_BTV.is_cuda else token_logprobs
+    logp_BT = fn(logits_BTV, temp_B11, resp_BT).masked_fill(pad_BT, 0.0)
     if not with_entropy:
-        fn = _token_logprobs_compiled() if logits_BTV.is_cuda else token_logprobs
-        return fn(logits_BTV, temp_B11, resp_BT).masked_fill(pad_BT, 0.0), None
+        return logp_BT, None
+    return logp_BT, tempered_entropy(logits_BTV, temp_B11).masked_fill(pad_BT, 0.0)
+
+
+def tempered_entropy(logits_BTV: Tensor, temp_B11: Tensor) -> Tensor:
+    """``[B, T]`` fp32 entropy of ``log_softmax(logits / temperature)`` (for logging or a bonus)."""
     logp_BTV = tempered_logprobs(logits_BTV, temp_B11)
-    logp_BT = logp_BTV.gather(-1, resp_BT.unsqueeze(-1)).squeeze(-1)
-    entropy_BT = -(logp_BTV.exp() * logp_BTV).sum(-1).masked_fill(pad_BT, 0.0)
-    return logp_BT.masked_fill(pad_BT, 0.0), entropy_BT
-
-
-def token_logprobs(logits_BTV: Tensor, temp_B11: Tensor, ids_BT: Tensor) -> Tensor:
-    """``log_softmax(logits / temperature)`` at ``ids``, in fp32, as ``z[id] - logsumexp(z)``:
-    the same value as ``tempered_logprobs(...).gather(...)`` without keeping the fp32 distribution
-    over the vocabulary (on CUDA it runs compiled: one fused pass over the logits each way).
-    Equal to that within float rounding, not bitwise; see ``tempered_logprobs`` for why the two
-    stay separate functions."""
-    z_BTV = logits_BTV.float() / temp_B11
-    return z_BTV.gather(-1, ids_BT.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z_BTV, dim=-1)
+    return -(logp_BTV.exp() * logp_BTV).sum(-1)
 
 
 @functools.cache

@@ -3,8 +3,10 @@
 Log-prob convention (pinned by tests/test_ar_sampling.py): the log-prob recorded for a sampled
 token is ``log_softmax(logits / temperature)[token]`` — the temperature-scaled, *unfiltered*
 distribution. Top-k / top-p only decide which tokens may be drawn; they do not renormalise the
-recorded log-prob. Replay (teacher forcing) reproduces exactly this quantity from the logits
-alone, so the first-update ratio is 1. The price: when top-k / top-p cut mass, the recorded
+recorded log-prob. One function computes it, ``token_logprobs``: sampling records it for the
+drawn token, replay (teacher forcing) recomputes it for the stored token from the logits alone,
+so the first-update ratio is 1 (bitwise where the logits are; the diffusion side likewise has
+one SDE kernel for rollout and replay). The price: when top-k / top-p cut mass, the recorded
 value is the log-prob under the policy's tempered distribution, not under the truncated sampler
 (the same choice as verl / OpenRLHF with vLLM's processed log-probs off).
 
@@ -45,16 +47,26 @@ def draw_uniforms(seeds: list[int], num_steps: int, device: torch.device | str =
     return torch.stack(rows).to(device)
 
 
-def tempered_logprobs(logits_BV: Tensor, temperature: float | Tensor) -> Tensor:
-    """``log_softmax(logits / temperature)`` in fp32; ``temperature`` is a float or ``[B, 1]``.
+def token_logprobs(logits_BV: Tensor, temperature: float | Tensor, ids_B: Tensor) -> Tensor:
+    """The log-prob of ``ids`` under ``log_softmax(logits / temperature)``, fp32, written as
+    ``z[id] - logsumexp(z)`` with ``z = logits / temperature``.
 
-    The log-prob convention of AR sampling (and of replay when it also needs the entropy). Replay
-    without entropy uses ``unirl.rollout.ar.replay.token_logprobs`` instead: the same quantity
-    written as ``z[id] - logsumexp(z)``, which never holds the fp32 ``[B, T, V]`` distribution.
-    They are kept apart on purpose: the two formulas round differently (measured up to ~1e-5
-    absolute at V=32000, not bitwise equal), so one function for both would change either the
-    stored rollout log-probs or the trained replay ones; and sampling needs the whole distribution
-    anyway (top-k / top-p filtering), while replay with gradients should not keep it.
+    The one per-token log-prob of AR: sampling records it for the drawn token (``[B, V]`` logits,
+    ``[B]`` ids, ``temperature`` a float or ``[B, 1]``), replay recomputes it teacher-forced
+    (``[B, T, V]`` logits, ``[B, T]`` ids, ``[B, 1, 1]`` temperatures), so both sides round alike.
+    It never holds the fp32 distribution over the vocabulary for backward (on CUDA, replay runs
+    it compiled: one fused pass over the logits each way). The whole distribution, which drawing
+    (top-k / top-p) and the entropy need, is ``tempered_logprobs``.
+    """
+    z = logits_BV.float() / temperature
+    return z.gather(-1, ids_B.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+
+
+def tempered_logprobs(logits_BV: Tensor, temperature: float | Tensor) -> Tensor:
+    """``log_softmax(logits / temperature)`` over the vocabulary, fp32; ``temperature`` is a float
+    or ``[B, 1]``. The distribution the sampler draws from and whose entropy replay reports; the
+    log-prob of one token, recorded or replayed, is ``token_logprobs`` (the two formulas round
+    differently, up to ~1e-5 absolute at V=32000, so a token's log-prob never comes from here).
     """
     return torch.log_softmax(logits_BV.float() / temperature, dim=-1)
 
@@ -131,9 +143,10 @@ def sample_next_token(
 ) -> tuple[Tensor, Tensor]:
     """Draw one token per row and return ``(tokens [B] int64, logp [B] fp32)``.
 
-    ``logp`` follows the module's convention: the tempered, unfiltered log-prob of the token.
+    ``logp`` follows the module's convention: the tempered, unfiltered log-prob of the token
+    (``token_logprobs``, the function replay uses).
     """
     logp_BV = tempered_logprobs(logits_BV, temperature)
     probs_BV = torch.softmax(filter_logits(logp_BV, top_k=top_k, top_p=top_p), dim=-1)
     tokens_B = inverse_cdf_sample(probs_BV, u_B)
-    return tokens_B, logp_BV.gather(-1, tokens_B.unsqueeze(-1)).squeeze(-1)
+    return tokens_B, token_logprobs(logits_BV, temperature, tokens_B)

@@ -89,8 +89,10 @@ def loss_mask(parts: Sequence[Part], device: torch.device | str = "cpu") -> Tens
 def behavior_logprobs(parts: Sequence[Part], device: torch.device | str = "cpu") -> Tensor:
     """``[B, T]`` fp32: the sampler's stored per-token log-probs, 0-padded (no gradient).
 
-    These are the behaviour log-probs (``logp_old`` on the first update of an on-policy batch,
-    ``logp_b`` for off-policy corrections). ValueError when a part has none (e.g. SFT data).
+    These are the behaviour log-probs (``behavior_logprobs``: the policy that generated the data).
+    They serve as the ``old_logprobs`` of the clipped ratio when the algorithm does not recompute
+    them (``old_logprobs: rollout``), and weight the off-policy correction when it does.
+    ValueError when a part has none (e.g. SFT data).
     """
     rows = []
     for p in parts:

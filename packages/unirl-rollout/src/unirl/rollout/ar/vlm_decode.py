@@ -20,8 +20,8 @@ from torch import Tensor
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from unirl.rollout.ar.decode import DecodeOutput, DecodeState, cache_kwarg, left_pad, record_step
-from unirl.rollout.ar.replay import pack_for_replay, token_logprobs
-from unirl.rollout.ar.sampling import tempered_logprobs
+from unirl.rollout.ar.replay import pack_for_replay, tempered_entropy
+from unirl.rollout.ar.sampling import token_logprobs
 from unirl.rollout.ar.vlm_bundle import VLMBundle
 
 
@@ -130,9 +130,7 @@ def replay_multimodal_logprobs(
     lengths_B = torch.tensor([len(r) for r in responses], device=device)
     pad_BT = torch.arange(T, device=device)[None, :] >= lengths_B[:, None]
     logits_BTV = out.logits[:, :-1]
+    logp_BT = token_logprobs(logits_BTV, temp_B11, resp_BT).masked_fill(pad_BT, 0.0)
     if not with_entropy:
-        return token_logprobs(logits_BTV, temp_B11, resp_BT).masked_fill(pad_BT, 0.0), None
-    logp_BTV = tempered_logprobs(logits_BTV, temp_B11)
-    logp_BT = logp_BTV.gather(-1, resp_BT.unsqueeze(-1)).squeeze(-1)
-    entropy_BT = -(logp_BTV.exp() * logp_BTV).sum(-1).masked_fill(pad_BT, 0.0)
-    return logp_BT.masked_fill(pad_BT, 0.0), entropy_BT
+        return logp_BT, None
+    return logp_BT, tempered_entropy(logits_BTV, temp_B11).masked_fill(pad_BT, 0.0)

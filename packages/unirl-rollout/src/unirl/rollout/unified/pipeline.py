@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from unirl.rollout.ar.replay import TokenReplay
-from unirl.rollout.ar.sampling import derive_seed, draw_uniforms, sample_next_token, tempered_logprobs
+from unirl.rollout.ar.sampling import derive_seed, draw_uniforms, sample_next_token, token_logprobs
 from unirl.rollout.pipelines.flow import FlowMatchPipeline
 from unirl.rollout.schedules import DynamicShiftSchedule
 from unirl.rollout.unified.bundle import UnifiedBundle
@@ -145,7 +145,7 @@ class UnifiedTextPipeline:
         temps = [float(p.sampling_params.temperature) for p in parts]  # type: ignore[union-attr]
         temp_B1 = torch.tensor(temps, dtype=torch.float32, device=dev).repeat_interleave(T).view(-1, 1)
         picked = logits[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)]  # [B*T, V]
-        logp = tempered_logprobs(picked, temp_B1).gather(-1, targets.view(-1, 1)).view(len(segs), T)
+        logp = token_logprobs(picked, temp_B1, targets.view(-1)).view(len(segs), T)
         return TokenReplay(logp=logp.masked_fill(~out_mask, 0.0), mask=out_mask)
 
 

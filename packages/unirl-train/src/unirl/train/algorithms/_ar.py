@@ -1,7 +1,7 @@
 """Shared plumbing of the AR policy losses (GRPO, GSPO, DRPO): old / proximal log-probs,
 decoupled off-policy weights, the KL penalty to a reference, aggregation and metrics.
 
-Subclasses implement ``token_loss(logp, logp_old, adv, mask) -> (loss [B, T], ratio [B, T])``.
+Subclasses implement ``token_loss(new_logprobs, old_logprobs, adv, mask) -> (loss [B, T], ratio [B, T])``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class ARPolicyConfig(AlgorithmConfigBase):
     )
     off_policy: OffPolicyConfig | None = Field(
         default=None,
-        description="decoupled-PPO weights exp(logp_old - logp_behav); needs old_logprobs='recompute'.",
+        description="decoupled-PPO weights exp(old_logprobs - behavior_logprobs); needs old_logprobs='recompute'.",
     )
     prepare_batch_size: int = Field(default=8, ge=1, description="Parts per no-grad replay when recomputing.")
 
@@ -84,14 +84,16 @@ class ARPolicyAlgorithm:
         self.config = config
         self.name = name
         self.reference: Any | None = None
-        self._logp_old: dict[int, Tensor] = {}
+        self._old_logprobs: dict[int, Tensor] = {}
 
     def set_reference(self, reference: Any) -> None:
         """Reference policy for ``kl_coef > 0``: anything with ``replay_logprobs`` (e.g.
         ``ContextReference(pipeline, backend.reference_weights)``)."""
         self.reference = reference
 
-    def token_loss(self, logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def token_loss(
+        self, new_logprobs: Tensor, old_logprobs: Tensor, adv: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
     def clip_metrics(self, ratio: Tensor, mask: Tensor) -> dict[str, float]:
@@ -106,49 +108,49 @@ class ARPolicyAlgorithm:
                 not missing, f"{self.name}: parts {missing[:3]} have no stored log_probs (sampler log-probs)"
             )
         require_reference(self.name, cfg.kl_coef, self.reference)
-        self._logp_old = {}
+        self._old_logprobs = {}
         if cfg.old_logprobs == "recompute":
             with torch.no_grad():
                 for i in range(0, len(parts), cfg.prepare_batch_size):
                     chunk = parts[i : i + cfg.prepare_batch_size]
-                    logp = pipeline.replay_logprobs(chunk).logp.detach().float()
+                    old_logprobs = pipeline.replay_logprobs(chunk).logp.detach().float()
                     for b, (p, s) in enumerate(zip(chunk, segs[i : i + cfg.prepare_batch_size])):
-                        self._logp_old[id(p)] = logp[b, : len(s.response_ids)].clone()
+                        self._old_logprobs[id(p)] = old_logprobs[b, : len(s.response_ids)].clone()
 
     def _old(self, parts: Sequence[Part], T: int, device: torch.device) -> tuple[Tensor, Tensor | None]:
-        """``(logp_old [B, T], logp_behav [B, T] or None)``."""
+        """``(old_logprobs [B, T], behavior_logprobs [B, T] or None)``."""
         segs = [text_segment(p, self.name) for p in parts]
-        behav = None
+        behavior_logprobs = None
         if all(s.log_probs is not None for s in segs):
-            behav = pad_rows([as_tensor(s.log_probs).float() for s in segs], T, device)
+            behavior_logprobs = pad_rows([as_tensor(s.log_probs).float() for s in segs], T, device)
         if self.config.old_logprobs == "recompute":
-            missing = [p.name for p in parts if id(p) not in self._logp_old]
+            missing = [p.name for p in parts if id(p) not in self._old_logprobs]
             require(not missing, f"{self.name}: parts {missing[:3]} were not prepared; call prepare() first")
-            return pad_rows([self._logp_old[id(p)] for p in parts], T, device), behav
-        require(behav is not None, f"{self.name}: a part has no stored log_probs")
-        return behav, behav  # type: ignore[return-value]
+            return pad_rows([self._old_logprobs[id(p)] for p in parts], T, device), behavior_logprobs
+        require(behavior_logprobs is not None, f"{self.name}: a part has no stored log_probs")
+        return behavior_logprobs, behavior_logprobs  # type: ignore[return-value]
 
     def loss(
         self, parts: Sequence[Part], pipeline: Any, totals: BatchTotals
     ) -> tuple[Tensor, dict[str, float]]:
         cfg = self.config
         rep = pipeline.replay_logprobs(parts)
-        logp, mask = rep.logp.float(), rep.mask.bool()
-        device = logp.device
-        old, behav = self._old(parts, logp.shape[1], device)
+        new_logprobs, mask = rep.logp.float(), rep.mask.bool()
+        device = new_logprobs.device
+        old_logprobs, behavior_logprobs = self._old(parts, new_logprobs.shape[1], device)
         adv = advantages(parts, self.name, device)
-        loss_bt, ratio = self.token_loss(logp, old, adv, mask)
+        loss_bt, ratio = self.token_loss(new_logprobs, old_logprobs, adv, mask)
         metrics: dict[str, float] = {}
         if cfg.off_policy is not None:
-            if behav is None:
+            if behavior_logprobs is None:
                 raise ValueError(f"{self.name}: off_policy needs the sampler's log_probs on every part")
-            w, stats = off_policy_weights(cfg.off_policy, old, behav, mask)
+            w, stats = off_policy_weights(cfg.off_policy, old_logprobs, behavior_logprobs, mask)
             loss_bt = loss_bt * w
             metrics |= stats
         if cfg.kl_coef > 0:
             with torch.no_grad():
                 ref = self.reference.replay_logprobs(parts).logp.detach().float()  # type: ignore[union-attr]
-            kl = kl_estimate(logp, ref, cfg.kl_estimator)
+            kl = kl_estimate(new_logprobs, ref, cfg.kl_estimator)
             loss_bt = loss_bt + cfg.kl_coef * kl
             metrics["kl"] = (kl.detach() * mask).sum().item() / max(int(mask.sum()), 1)
         loss = aggregate(
@@ -161,5 +163,5 @@ class ARPolicyAlgorithm:
         )
         metrics.update(ratio_stats(ratio, mask))
         metrics.update(self.clip_metrics(ratio, mask))
-        metrics["approx_kl"] = approx_kl(logp.detach() - old, mask).item()
+        metrics["approx_kl"] = approx_kl(new_logprobs.detach() - old_logprobs, mask).item()
         return loss, metrics

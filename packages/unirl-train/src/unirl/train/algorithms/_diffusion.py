@@ -74,22 +74,22 @@ def recompute_old_logprobs(
         rows = [torch.zeros(len(s.sde_indices)) for s in segs]
         for g in group_by_step(segs):
             sub = [chunk[b] for b in g.rows]
-            logp = checked_log_prob(pipeline.replay_step(sub, g.step), sub, g.step, algorithm)
+            old_logprobs = checked_log_prob(pipeline.replay_step(sub, g.step), sub, g.step, algorithm)
             for r, (b, k) in enumerate(zip(g.rows, g.slots)):
-                rows[b][k] = logp[r].float().cpu()
+                rows[b][k] = old_logprobs[r].float().cpu()
         out.update({id(p): row for p, row in zip(chunk, rows)})
     return out
 
 
 def recomputed_old_logprobs(
-    logp_old: dict[int, Tensor], parts: Sequence[Part], g: StepGroup, device: torch.device
+    old_logprobs: dict[int, Tensor], parts: Sequence[Part], g: StepGroup, device: torch.device
 ) -> Tensor:
     """``[n]`` old (proximal) log-probs of step ``g.step`` for ``parts`` (the group's rows, in
     order), picked from ``recompute_old_logprobs``' output."""
-    missing = [p.name for p in parts if id(p) not in logp_old]
+    missing = [p.name for p in parts if id(p) not in old_logprobs]
     if missing:
         raise ValueError(f"parts {missing[:3]} have no proximal log-probs; call prepare() first")
-    return torch.stack([logp_old[id(p)][k] for p, k in zip(parts, g.slots)]).to(device=device)
+    return torch.stack([old_logprobs[id(p)][k] for p, k in zip(parts, g.slots)]).to(device=device)
 
 
 def old_means(segs: Sequence[LatentTrajectory], g: StepGroup, device: torch.device) -> Tensor:

@@ -16,7 +16,7 @@ class DRPOConfig(ARPolicyConfig):
 
     kind: Literal["drpo"] = "drpo"
     eps: float = Field(default=DRPO_DEFAULT_EPS, gt=0.0, description="trust-region width (12.5).")
-    token_adaptive: bool = Field(default=True, description="w = exp(logp_old) (True) or w = 1 (False).")
+    token_adaptive: bool = Field(default=True, description="w = exp(old_logprobs) (True) or w = 1 (False).")
 
     def build(self) -> DRPO:
         return DRPO(self)
@@ -30,5 +30,7 @@ class DRPO(ARPolicyAlgorithm):
     def __init__(self, config: DRPOConfig) -> None:
         super().__init__(config, config.kind)
 
-    def token_loss(self, logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        return drpo_token_loss(logp, logp_old, adv, self.config.eps, self.config.token_adaptive)
+    def token_loss(
+        self, new_logprobs: Tensor, old_logprobs: Tensor, adv: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        return drpo_token_loss(new_logprobs, old_logprobs, adv, self.config.eps, self.config.token_adaptive)

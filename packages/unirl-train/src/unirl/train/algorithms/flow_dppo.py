@@ -74,14 +74,14 @@ class FlowDPPO:
         for g in D.group_by_step(segs):
             sub = [parts[b] for b in g.rows]
             rep = pipeline.replay_step(sub, g.step)
-            logp = D.checked_log_prob(rep, sub, g.step, self.name).float()
-            device = logp.device
+            new_logprobs = D.checked_log_prob(rep, sub, g.step, self.name).float()
+            device = new_logprobs.device
             adv = advantages(sub, self.name, device)
-            old = D.behavior_logprobs(segs, g, device)
+            old_logprobs = D.behavior_logprobs(segs, g, device)  # no recompute: old = behaviour
             div = dppo_divergence(rep.mean.detach(), D.old_means(segs, g, device), rep.std.detach())
-            per, keep = dppo_step_loss(logp, old, adv, div, self.config.tau)
+            per, keep = dppo_step_loss(new_logprobs, old_logprobs, adv, div, self.config.tau)
             total = per.sum() if total is None else total + per.sum()
-            log_ratio = (logp - old).detach()
+            log_ratio = (new_logprobs - old_logprobs).detach()
             ratios.append(torch.exp(log_ratio))
             log_ratios.append(log_ratio)
             divs.append(div)

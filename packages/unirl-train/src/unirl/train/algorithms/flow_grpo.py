@@ -1,7 +1,8 @@
 """Flow-GRPO (and its named variants DanceGRPO, MixGRPO) as a StageAlgorithm.
 
-Per (sample, SDE step): replay the stored transition with gradients, ``rho = exp(logp - logp_old)``
-with ``logp_old`` from ``segment.log_probs``, the clipped loss, optionally plus
+Per (sample, SDE step): replay the stored transition with gradients (``new_logprobs``),
+``rho = exp(new_logprobs - old_logprobs)`` with ``old_logprobs`` from ``segment.log_probs`` (or
+recomputed in ``prepare``), the clipped loss, optionally plus
 ``kl_coef * mean_elements (mu_theta - mu_ref)^2 / (2 s^2)`` against a reference replay. The
 mini-batch loss is the mean over all (sample, SDE step) pairs (``BatchTotals.num_steps``).
 
@@ -67,7 +68,7 @@ class FlowGRPOConfig(AlgorithmConfigBase):
     )
     off_policy: OffPolicyConfig | None = Field(
         default=None,
-        description="decoupled-PPO weight exp(logp_old - logp_behav) per SDE step (level 'token'); "
+        description="decoupled-PPO weight exp(old_logprobs - behavior_logprobs) per SDE step (level 'token'); "
         "needs old_logprobs='recompute'",
     )
 
@@ -148,7 +149,7 @@ class FlowGRPO:
         self.config = config
         self.name: str = config.kind
         self.reference: Any | None = None
-        self._logp_old: dict[int, Tensor] = {}  # id(part) -> [n_sde] old log-probs (recompute)
+        self._old_logprobs: dict[int, Tensor] = {}  # id(part) -> [n_sde] old log-probs (recompute)
 
     def set_reference(self, reference: Any) -> None:
         """The reference policy for ``kl_coef > 0``: anything with ``replay_step`` (e.g.
@@ -164,9 +165,9 @@ class FlowGRPO:
             D.fill_old_means(
                 parts, pipeline, cfg.prepare_batch_size, self.name, recompute=cfg.recompute_old_means
             )
-        self._logp_old = {}
+        self._old_logprobs = {}
         if cfg.old_logprobs == "recompute":
-            self._logp_old = D.recompute_old_logprobs(parts, pipeline, cfg.prepare_batch_size, self.name)
+            self._old_logprobs = D.recompute_old_logprobs(parts, pipeline, cfg.prepare_batch_size, self.name)
 
     def count(self, parts: Sequence[Part]) -> tuple[int, int, int]:
         """(Parts, trained steps, trained steps): the BatchTotals counts under ``train_fraction``."""
@@ -196,24 +197,26 @@ class FlowGRPO:
         for i, g in enumerate(groups):
             sub = [parts[b] for b in g.rows]
             rep = pipeline.replay_step(sub, g.step)
-            logp = D.checked_log_prob(rep, sub, g.step, self.name).float()
-            device = logp.device
+            new_logprobs = D.checked_log_prob(rep, sub, g.step, self.name).float()
+            device = new_logprobs.device
             adv = advantages(sub, self.name, device)
-            behav = D.behavior_logprobs(segs, g, device)
-            old = (
-                behav
+            behavior_logprobs = D.behavior_logprobs(segs, g, device)
+            old_logprobs = (
+                behavior_logprobs
                 if cfg.old_logprobs == "rollout"
-                else D.recomputed_old_logprobs(self._logp_old, sub, g, device)
+                else D.recomputed_old_logprobs(self._old_logprobs, sub, g, device)
             )
-            log_ratio = logp - old
+            log_ratio = new_logprobs - old_logprobs
             if cfg.grpo_guard:
                 log_ratio = guarded_log_ratio(log_ratio, rep.mean, D.old_means(segs, g, device), rep.std)
             ratio = torch.exp(log_ratio)
             per = clipped_surrogate(ratio, adv, cfg.clip_range, cfg.clip_range)
             if cfg.off_policy is not None:
-                w, _ = off_policy_weights(cfg.off_policy, old, behav, torch.ones_like(old))
+                w, _ = off_policy_weights(
+                    cfg.off_policy, old_logprobs, behavior_logprobs, torch.ones_like(old_logprobs)
+                )
                 per = per * w.view(-1, *([1] * (per.dim() - 1)))
-                weights.append((w, old, behav))
+                weights.append((w, old_logprobs, behavior_logprobs))
             if cfg.kl_coef > 0:
                 with torch.no_grad():
                     ref_mean = self.reference.replay_step(sub, g.step).mean  # type: ignore[union-attr]
@@ -236,6 +239,7 @@ class FlowGRPO:
         if kls:
             metrics["kl"] = torch.cat(kls).mean().item()
         if weights:
-            w, old, behav = (torch.cat(t) for t in zip(*weights))
-            metrics |= off_policy_weights(cfg.off_policy, old, behav, torch.ones_like(old))[1]  # type: ignore[arg-type]
+            w, old_logprobs, behavior_logprobs = (torch.cat(t) for t in zip(*weights))
+            ones = torch.ones_like(old_logprobs)
+            metrics |= off_policy_weights(cfg.off_policy, old_logprobs, behavior_logprobs, ones)[1]  # type: ignore[arg-type]
         return total, metrics

@@ -84,9 +84,11 @@ class GRPO(ARPolicyAlgorithm):
     def __init__(self, config: GRPOConfig) -> None:
         super().__init__(config, config.kind)
 
-    def token_loss(self, logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def token_loss(
+        self, new_logprobs: Tensor, old_logprobs: Tensor, adv: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
         c = self.config
-        return ppo_token_loss(logp, logp_old, adv, c.eps_low, c.eps_high, c.dual_clip)
+        return ppo_token_loss(new_logprobs, old_logprobs, adv, c.eps_low, c.eps_high, c.dual_clip)
 
     def clip_metrics(self, ratio: Tensor, mask: Tensor) -> dict[str, float]:
         return {"clip_frac": clip_fraction(ratio, self.config.eps_low, self.config.eps_high, mask).item()}

@@ -39,10 +39,12 @@ class GSPO(ARPolicyAlgorithm):
     def __init__(self, config: GSPOConfig) -> None:
         super().__init__(config, config.kind)
 
-    def token_loss(self, logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def token_loss(
+        self, new_logprobs: Tensor, old_logprobs: Tensor, adv: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
         c = self.config
-        seq_loss, seq_ratio = gspo_sequence_loss(logp, logp_old, adv, mask, c.eps_low, c.eps_high)
-        return seq_loss.unsqueeze(-1).expand_as(logp), seq_ratio.unsqueeze(-1).expand_as(logp)
+        seq_loss, seq_ratio = gspo_sequence_loss(new_logprobs, old_logprobs, adv, mask, c.eps_low, c.eps_high)
+        return seq_loss.unsqueeze(-1).expand_as(new_logprobs), seq_ratio.unsqueeze(-1).expand_as(new_logprobs)
 
     def clip_metrics(self, ratio: Tensor, mask: Tensor) -> dict[str, float]:
         return {"clip_frac": clip_fraction(ratio, self.config.eps_low, self.config.eps_high, mask).item()}

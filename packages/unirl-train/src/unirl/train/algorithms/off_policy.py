@@ -1,10 +1,10 @@
 """``off_policy``: the decoupled-PPO correction shared by the AR and diffusion policy losses.
 
 The behaviour policy (the sampler, possibly stale: async rollout, another engine) recorded its
-log-probs (``logp_behav``); the proximal policy is the trainer's recomputation before the update
-(``prepare``), the ``logp_old`` of the clipped objective.
-The clipped objective runs on ``exp(logp - logp_old)``; each token (AR) or SDE step (diffusion)
-is weighted by ``exp(logp_old - logp_behav)``, truncated or band-masked (REFERENCE_MATH.md).
+log-probs (``behavior_logprobs``); the old (proximal) policy is the trainer's recomputation before
+the update (``prepare``), the ``old_logprobs`` of the clipped objective.
+The clipped objective runs on ``exp(new_logprobs - old_logprobs)``; each token (AR) or SDE step
+(diffusion) is weighted by ``exp(old_logprobs - behavior_logprobs)``, truncated or band-masked (REFERENCE_MATH.md).
 """
 
 from __future__ import annotations
@@ -43,18 +43,20 @@ class OffPolicyConfig(AlgorithmConfigBase):
 
 
 def off_policy_weights(
-    cfg: OffPolicyConfig, logp_old: Tensor, logp_behav: Tensor, mask: Tensor
+    cfg: OffPolicyConfig, old_logprobs: Tensor, behavior_logprobs: Tensor, mask: Tensor
 ) -> tuple[Tensor, dict[str, float]]:
     """The weights ``cfg`` applies (shape of ``mask``, no gradient) and their statistics."""
     kw = {"cap": cfg.cap, "c_min": cfg.c_min, "c_max": cfg.c_max, "level": cfg.level}
-    w = decoupled_weight(logp_old, logp_behav, mask, cfg.mode, **kw)  # type: ignore[arg-type]
-    raw = decoupled_weight(logp_old, logp_behav, mask, "truncate", cap=float("inf"), level=cfg.level)
+    w = decoupled_weight(old_logprobs, behavior_logprobs, mask, cfg.mode, **kw)  # type: ignore[arg-type]
+    raw = decoupled_weight(
+        old_logprobs, behavior_logprobs, mask, "truncate", cap=float("inf"), level=cfg.level
+    )
     return w, is_weight_stats(w, raw, mask, cfg.mode)
 
 
 def is_weight_stats(w: Tensor, raw: Tensor, mask: Tensor, mode: OffPolicyMode) -> dict[str, float]:
     """Statistics of the decoupled weights over response tokens: the mean applied weight ``w``, the
-    largest and smallest raw weight exp(logp_old - logp_behav), and the fraction clipped
+    largest and smallest raw weight exp(old_logprobs - behavior_logprobs), and the fraction clipped
     (truncated at the cap, or masked out of the band)."""
     m = mask.bool()
     n = max(int(m.sum()), 1)

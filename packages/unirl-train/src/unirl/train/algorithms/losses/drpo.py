@@ -1,7 +1,7 @@
 """DRPO token loss: an unclipped ratio with a token-adaptive quadratic trust region.
 
 ``l_t = -A rho_t + |A| w_t (rho_t - 1)^2 / (2 eps)`` with ``rho_t = exp(clamp(dlogp_t, -20, 20))``,
-``w_t = exp(logp_old_t)`` (token-adaptive: confident tokens are held closer) or ``w_t = 1``,
+``w_t = exp(old_logprobs_t)`` (token-adaptive: confident tokens are held closer) or ``w_t = 1``,
 ``eps = 12.5``. No clipping: the quadratic penalty is the trust region.
 """
 
@@ -16,8 +16,8 @@ DRPO_DEFAULT_EPS = 12.5
 
 
 def drpo_token_loss(
-    logp: Tensor,
-    logp_old: Tensor,
+    new_logprobs: Tensor,
+    old_logprobs: Tensor,
     advantage: Tensor,
     eps: float = DRPO_DEFAULT_EPS,
     token_adaptive: bool = True,
@@ -25,8 +25,8 @@ def drpo_token_loss(
     """Per-token DRPO loss ``[B, T]`` and the ratio ``[B, T]`` (no masking, no reduction)."""
     if eps <= 0:
         raise ValueError(f"DRPO eps must be > 0 (default 12.5), got {eps}")
-    ratio = token_ratio(logp, logp_old)
+    ratio = token_ratio(new_logprobs, old_logprobs)
     adv = broadcast_advantage(advantage, ratio)
-    w = torch.exp(logp_old.detach().to(ratio.dtype)) if token_adaptive else torch.ones_like(ratio)
+    w = torch.exp(old_logprobs.detach().to(ratio.dtype)) if token_adaptive else torch.ones_like(ratio)
     loss = -adv * ratio + adv.abs() * w * (ratio - 1.0) ** 2 / (2.0 * eps)
     return loss, ratio

@@ -29,10 +29,10 @@ def dppo_mask(divergence: Tensor, ratio: Tensor, advantage: Tensor, tau: float) 
 
 
 def dppo_step_loss(
-    logp: Tensor, logp_old: Tensor, advantage: Tensor, divergence: Tensor, tau: float
+    new_logprobs: Tensor, old_logprobs: Tensor, advantage: Tensor, divergence: Tensor, tau: float
 ) -> tuple[Tensor, Tensor]:
     """Per-element FlowDPPO loss ``[N]`` and the keep-mask ``[N]``; callers sum and divide globally."""
-    ratio = torch.exp(logp - logp_old.detach())
+    ratio = torch.exp(new_logprobs - old_logprobs.detach())
     keep = dppo_mask(divergence.detach(), ratio.detach(), advantage, tau)
     loss = torch.where(keep, -advantage.detach() * ratio, torch.zeros_like(ratio))
     return loss, keep

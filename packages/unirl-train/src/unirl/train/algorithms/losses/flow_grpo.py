@@ -2,7 +2,7 @@
 
 Conventions (REFERENCE_MATH.md, "Diffusion policy losses"):
 - one log-prob per step is the MEAN over latent elements of the Gaussian log-density;
-- ``rho = exp(logp - logp_old)``; ``l = max(-A rho, -A clip(rho, 1 - eps, 1 + eps))``;
+- ``rho = exp(new_logprobs - old_logprobs)``; ``l = max(-A rho, -A clip(rho, 1 - eps, 1 + eps))``;
 - the mini-batch loss is the mean over all (sample, SDE step) pairs: callers sum ``l`` and divide
   by the global pair count so that micro-batching does not change the result;
 - KL to a reference is the exact KL of two Gaussians with the same std ``s``:
@@ -25,13 +25,13 @@ def clipped_surrogate(ratio: Tensor, advantage: Tensor, eps_low: float, eps_high
     return torch.maximum(unclipped, clipped)
 
 
-def flow_grpo_step_loss(logp: Tensor, logp_old: Tensor, advantage: Tensor, eps: float) -> Tensor:
+def flow_grpo_step_loss(new_logprobs: Tensor, old_logprobs: Tensor, advantage: Tensor, eps: float) -> Tensor:
     """Flow-GRPO loss of each (sample, step) element: ``[N] -> [N]`` (no reduction).
 
-    ``logp`` carries the gradient; ``logp_old`` and ``advantage`` are treated as constants.
+    ``new_logprobs`` carries the gradient; ``old_logprobs`` and ``advantage`` are treated as constants.
     The ratio is not clamped in log space: with eps ~ 1e-4 the clip dominates long before overflow.
     """
-    ratio = torch.exp(logp - logp_old.detach())
+    ratio = torch.exp(new_logprobs - old_logprobs.detach())
     return clipped_surrogate(ratio, advantage.detach(), eps, eps)
 
 

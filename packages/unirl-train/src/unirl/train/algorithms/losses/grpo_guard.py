@@ -16,7 +16,7 @@ from torch import Tensor
 def guarded_log_ratio(log_ratio: Tensor, mean: Tensor, mean_old: Tensor, std: Tensor) -> Tensor:
     """Return ``s * dlogp + mean_elements((mu - mu_old)^2) / (2 s)`` per sample: ``[B]``.
 
-    ``log_ratio``: ``[B]`` (``logp - logp_old``, mean-over-elements convention); ``mean``,
+    ``log_ratio``: ``[B]`` (``new_logprobs - old_logprobs``, mean-over-elements convention); ``mean``,
     ``mean_old``: ``[B, ...]``; ``std``: ``[B]``. Gradients flow through ``log_ratio`` and ``mean``.
     """
     diff = mean.float() - mean_old.float().detach()

@@ -1,11 +1,11 @@
-"""Decoupled-PPO off-policy correction: behaviour (engine, ``logp_behav``) vs proximal (trainer,
-``logp_old``) policy.
+"""Decoupled-PPO off-policy correction: behaviour (engine, ``behavior_logprobs``) vs old / proximal
+(trainer, ``old_logprobs``) policy.
 
-``rho = exp(logp - logp_old)`` drives the clipped objective as usual; each token (or sequence)
-is weighted by ``w = exp(logp_old - logp_behav)``, either truncated ``min(w, C)``
-(truncated IS) or used as a 0/1 mask that drops elements with ``w`` outside ``[C_min, C_max]``
-(no reweighting inside the band). ``level="sequence"`` uses ``exp(sum_t m (logp_old - logp_behav))``
-for every token of the sequence. The weight never carries a gradient.
+``rho = exp(new_logprobs - old_logprobs)`` drives the clipped objective as usual; each token (or
+sequence) is weighted by ``w = exp(old_logprobs - behavior_logprobs)``, either truncated
+``min(w, C)`` (truncated IS) or used as a 0/1 mask that drops elements with ``w`` outside
+``[C_min, C_max]`` (no reweighting inside the band). ``level="sequence"`` uses
+``exp(sum_t m (old_logprobs - behavior_logprobs))`` for every token of the sequence. The weight never carries a gradient.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ OffPolicyLevel = Literal["token", "sequence"]
 
 @torch.no_grad()
 def decoupled_weight(
-    logp_old: Tensor,
-    logp_behav: Tensor,
+    old_logprobs: Tensor,
+    behavior_logprobs: Tensor,
     mask: Tensor,
     mode: OffPolicyMode,
     *,
@@ -34,8 +34,8 @@ def decoupled_weight(
     level: OffPolicyLevel = "token",
 ) -> Tensor:
     """The importance weight per token ``[B, T]`` (0 where ``mask`` is 0)."""
-    m = mask.to(logp_old.dtype)
-    log_w = (logp_old - logp_behav) * m
+    m = mask.to(old_logprobs.dtype)
+    log_w = (old_logprobs - behavior_logprobs) * m
     if level == "sequence":
         log_w = log_w.sum(dim=-1, keepdim=True).expand_as(log_w)
     elif level != "token":

@@ -1,6 +1,6 @@
 """Token-level PPO for autoregressive policies: clamped token ratio, clip-higher, dual clip.
 
-``rho_t = exp(clamp(logp_t - logp_old_t, -20, 20))``;
+``rho_t = exp(clamp(new_logprobs_t - old_logprobs_t, -20, 20))``;
 ``l_t = max(-A rho_t, -A clip(rho_t, 1 - eps_low, 1 + eps_high))``; for ``A < 0`` the dual clip
 bounds the loss from above: ``l_t = min(l_t, -c A)`` (``c = 3``). DAPO's clip-higher is just
 ``eps_high > eps_low`` (0.2 / 0.28). Reduction is done by ``aggregation.aggregate``.
@@ -17,14 +17,14 @@ from unirl.train.algorithms.losses.flow_grpo import clipped_surrogate
 LOG_RATIO_CLAMP = 20.0
 
 
-def token_log_ratio(logp: Tensor, logp_old: Tensor) -> Tensor:
-    """``clamp(logp - logp_old, -20, 20)``; ``logp_old`` is treated as a constant."""
-    return torch.clamp(logp - logp_old.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+def token_log_ratio(new_logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
+    """``clamp(new_logprobs - old_logprobs, -20, 20)``; ``old_logprobs`` is treated as a constant."""
+    return torch.clamp(new_logprobs - old_logprobs.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
-def token_ratio(logp: Tensor, logp_old: Tensor) -> Tensor:
-    """``rho_t = exp(clamp(logp_t - logp_old_t, -20, 20))``."""
-    return torch.exp(token_log_ratio(logp, logp_old))
+def token_ratio(new_logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
+    """``rho_t = exp(clamp(new_logprobs_t - old_logprobs_t, -20, 20))``."""
+    return torch.exp(token_log_ratio(new_logprobs, old_logprobs))
 
 
 def broadcast_advantage(advantage: Tensor, like: Tensor) -> Tensor:
@@ -34,8 +34,8 @@ def broadcast_advantage(advantage: Tensor, like: Tensor) -> Tensor:
 
 
 def ppo_token_loss(
-    logp: Tensor,
-    logp_old: Tensor,
+    new_logprobs: Tensor,
+    old_logprobs: Tensor,
     advantage: Tensor,
     eps_low: float,
     eps_high: float,
@@ -48,7 +48,7 @@ def ppo_token_loss(
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (typically 3.0) or None, got {dual_clip}")
-    ratio = token_ratio(logp, logp_old)
+    ratio = token_ratio(new_logprobs, old_logprobs)
     adv = broadcast_advantage(advantage, ratio)
     loss = clipped_surrogate(ratio, adv, eps_low, eps_high)
     if dual_clip is not None:

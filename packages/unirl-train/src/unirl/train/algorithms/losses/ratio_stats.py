@@ -8,7 +8,7 @@ from torch import Tensor
 def approx_kl(log_ratio: Tensor, mask: Tensor | None = None) -> Tensor:
     """``0.5 * mean(dlogp^2)`` over the (masked) elements: the k2 estimate of KL(pi_old || pi).
 
-    ``log_ratio`` is ``logp - logp_old``. Returns a 0-dim tensor (0 when nothing is selected).
+    ``log_ratio`` is ``new_logprobs - old_logprobs``. Returns a 0-dim tensor (0 when nothing is selected).
     """
     sq = 0.5 * log_ratio.detach().float() ** 2
     return _masked_mean(sq, mask)

@@ -1,10 +1,10 @@
 """`DistributedRL`: the shared trainer lifecycle as a single controller over Ray workers.
 
-The driver keeps what is cheap and global (data, reward, advantages, the run directory) and
+The controller keeps what is cheap and global (data, reward, advantages, the run directory) and
 drives two Remotes: ``train`` (data-parallel FSDP2 ranks) and ``rollout`` (trainside pipeline
 copies, or vLLM engines with ``rollout.engine.kind: vllm``). One RL step reads top to bottom::
 
-    prompts -> rollout (rollout workers) -> reward (driver) -> advantages (driver)
+    prompts -> rollout (rollout workers) -> reward (controller) -> advantages (controller)
             -> train_on (call_dp: each train rank gets its shard) -> weight sync -> log
 
 The lifecycle (evaluate, SFT, RL, checkpoints, report) is the single-process ``Trainer``'s; only
@@ -40,11 +40,11 @@ log = logging.getLogger("unirl")
 class RemoteEngine:
     """The rollout Remote behind the engine interface the lifecycle calls (``generate``)."""
 
-    def __init__(self, driver: DistributedRL) -> None:
-        self.driver = driver
+    def __init__(self, controller: DistributedRL) -> None:
+        self.controller = controller
 
     def generate(self, samples: list[Sample], *, rollout_step: int) -> list[Sample]:
-        d = self.driver
+        d = self.controller
         d.sync_weights()  # never sample with weights older than the trainer's
         d.rollout_remote.call_all(RolloutWorker.set_step, rollout_step)
         return d.rollout_remote.call_dp(RolloutWorker.generate, samples)
@@ -62,7 +62,7 @@ class DistributedRL(Trainer):
         self.data = recipe.data.build()
         self.reward = RewardService.local(recipe.reward)
         alg = recipe.rl.algorithm if recipe.rl else None
-        self.algorithm = alg.build() if alg is not None else None  # reward shaping only (driver side)
+        self.algorithm = alg.build() if alg is not None else None  # reward shaping only (controller side)
         self.steps = domain.make_steps(recipe, self.algorithm)  # shaping, grids, diversity: model-free
         self.dedicated = recipe.rollout.engine.kind != "trainside"
         """True when the rollout workers sample with a dedicated engine (vLLM)."""
