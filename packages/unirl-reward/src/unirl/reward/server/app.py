@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from unirl.reward import __version__
 from unirl.reward.combine import WeightedScorer, combine, identity
-from unirl.reward.convert import result_to_wire, wire_to_item
+from unirl.reward.convert import MediaError, result_to_wire, wire_to_item
 from unirl.reward.protocol import ScoreItem, ScoreResult, check_inputs
 from unirl.reward.server.auth import BearerTokenMiddleware
 from unirl.reward.server.batcher import BatchStats, DynamicBatcher, QueueFull
@@ -188,6 +188,10 @@ def create_app(
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         parts = []
         for e in exc.errors()[:10]:  # loc + msg only: never echo the (possibly huge) input
+            if e.get("type") == "json_invalid":  # loc is ("body", char offset)
+                where, why = e.get("loc", ("body", "?"))[-1], (e.get("ctx") or {}).get("error", "")
+                parts.append(f"body: not valid JSON at char {where}: {why}; send JSON matching ScoreRequest")
+                continue
             loc = ".".join(str(x) for x in e.get("loc", ()))
             parts.append(f"{loc}: {e.get('msg', 'invalid')}")
         return JSONResponse({"detail": "invalid request: " + "; ".join(parts)}, status_code=422)
@@ -310,10 +314,18 @@ def create_app(
         )
 
     def _decode_and_check(req: ScoreRequest) -> list[ScoreItem]:
+        if len(req.items) > settings.max_queue_items:  # would get 429 on every retry, forever
+            raise HTTPError(
+                413,
+                f"items: {len(req.items)} items, more than this server queues at once "
+                f"(max_queue_items={settings.max_queue_items}); split the request",
+            )
         items = []
         for i, w in enumerate(req.items):
             try:
                 items.append(wire_to_item(w, settings.max_pixels))
+            except MediaError as e:
+                raise HTTPError(422, f"items.{i}.{e.field}: {e.reason}") from None
             except (ValueError, TypeError) as e:
                 raise HTTPError(422, f"items.{i}: {e}") from None
         for ws in state["scorers"]:
