@@ -112,6 +112,9 @@ def create_app(
 ) -> FastAPI:
     """The app; `build_scorers` runs at startup (in a thread) and /ready answers 200 once it returns."""
     settings = settings or ServerSettings()
+    if token is not None and not token.strip():
+        # an empty token would let in every request that sends `Authorization: Bearer`
+        raise ValueError("token is empty; pass a non-empty secret, or None for no auth (loopback only)")
     state: dict[str, Any] = {"scorers": None, "batcher": None, "load_error": None}
     metrics = Metrics()
     cache = IdempotencyCache(ttl_s=settings.idempotency_ttl_s)
@@ -161,6 +164,7 @@ def create_app(
     app = FastAPI(title="unirl-reward", version=__version__, lifespan=lifespan)
     app.router.route_class = FiniteJSONRoute
     app.state.loaded = loaded
+    app.state.has_token = token is not None  # serve_in_thread refuses a public bind without one
     app.state.load_state = state
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     if token is not None:  # added last, so outermost: runs before the body limit reads anything
