@@ -8,6 +8,7 @@ serves at GET /openapi.json (schemathesis' fixture loader does not run under pyt
 
 from __future__ import annotations
 
+import collections
 import re
 
 import pytest
@@ -65,6 +66,13 @@ def schema_valid_bodies_are_not_refused_for_their_shape(ctx, response, case):
         )
 
 
+STATUSES: collections.Counter[tuple[str, int]] = collections.Counter()  # (operation, status) -> count
+
+
+def count_status(ctx, response, case):
+    STATUSES[(f"{case.method} {case.path}", response.status_code)] += 1
+
+
 @pytest.fixture(scope="module")
 def base_url():
     app = create_app(
@@ -74,6 +82,16 @@ def base_url():
     )
     with serve_in_thread(app) as h:
         yield h.url
+    if STATUSES:  # the figure of docs/reliability.md (shown with pytest -s)
+        by_status = collections.Counter()
+        for (_, status), n in STATUSES.items():
+            by_status[status] += n
+        paths = sorted({op.split()[1] for op, _ in STATUSES})
+        methods = {op.split()[0] for op, _ in STATUSES}
+        print(
+            f"\nschemathesis: {sum(STATUSES.values())} requests to {len(paths)} paths ({', '.join(paths)}) "
+            f"with {len(methods)} methods; by status: {dict(sorted(by_status.items()))}"
+        )
 
 
 @pytest.mark.slow
@@ -84,6 +102,7 @@ def test_server_keeps_its_published_contract(case, base_url):
         base_url=base_url,
         headers=AUTH,
         checks=[
+            count_status,
             not_a_server_error,
             status_code_conformance,
             content_type_conformance,

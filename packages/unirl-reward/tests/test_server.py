@@ -75,6 +75,7 @@ def test_malformed_payloads_get_4xx_with_message(server, payload, status, needle
     r = httpx.post(h.url + "/v1/score", content=payload, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     assert needle in r.json()["detail"]
+    _serves_a_good_request(h)
 
 
 @pytest.mark.parametrize(
@@ -97,6 +98,12 @@ def test_non_finite_numbers_anywhere_get_422_naming_the_path(server, payload, pa
     r = httpx.post(h.url + "/v1/score", content=payload, headers={"content-type": "application/json"})
     assert r.status_code == 422, r.text
     assert f"body.{path}: Input should be a finite number" in r.json()["detail"]
+    _serves_a_good_request(h)
+
+
+def _serves_a_good_request(h) -> None:
+    r = httpx.post(h.url + "/v1/score", json={"items": [{"response": "abc"}]})
+    assert r.status_code == 200 and r.json()["results"][0]["total"] == 6.0, r.text
 
 
 def test_finite_numbers_in_metadata_are_accepted(server):

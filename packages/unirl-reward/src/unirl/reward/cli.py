@@ -15,7 +15,11 @@ def _serve(args: argparse.Namespace) -> int:
     from unirl.reward.server.app import create_app
     from unirl.reward.server.settings import ServeConfig, check_bind
 
-    cfg = ServeConfig.from_yaml(args.config)
+    try:
+        cfg = ServeConfig.from_yaml(args.config)
+    except (OSError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+        print(f"unirl-reward: {args.config}: {_config_error(e)}", file=sys.stderr)
+        return 2
     overrides = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
     settings = cfg.server.model_copy(update=overrides)
     token = os.environ.get(settings.token_env) or None
@@ -31,6 +35,26 @@ def _serve(args: argparse.Namespace) -> int:
         _write_port_when_started(server, Path(args.port_file))
     server.run()
     return 0
+
+
+def _config_error(e: Exception) -> str:
+    """One line per problem: the config path, what was wrong, and (for a bad `kind`) the options."""
+    from pydantic import ValidationError
+
+    if not isinstance(e, ValidationError):
+        return str(e)
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        ctx = err.get("ctx") or {}
+        if err["type"] == "union_tag_invalid":
+            lines.append(
+                f"{loc}.{ctx['discriminator'].strip(chr(39))}: unknown scorer kind {ctx['tag']!r}; "
+                f"choose one of {ctx['expected_tags']}"
+            )
+        else:
+            lines.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+    return "invalid config:\n  " + "\n  ".join(lines)
 
 
 def _write_port_when_started(server: object, path: Path) -> None:

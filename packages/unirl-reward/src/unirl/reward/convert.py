@@ -11,6 +11,14 @@ from unirl.types.wire import ArrayData, EncodedFrames, EncodedImage, WireItem, W
 MediaEncoding = Literal["png", "jpeg", "array"]
 
 
+class MediaError(ValueError):
+    """An item's image or video does not decode; `field` is "image" or "video"."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
+
+
 def item_to_wire(item: ScoreItem, media: MediaEncoding = "png") -> WireItem:
     """Encode one item for a request. `media="png"` is lossless and small; "array" skips compression."""
     image: EncodedImage | ArrayData | None = None
@@ -33,13 +41,22 @@ def item_to_wire(item: ScoreItem, media: MediaEncoding = "png") -> WireItem:
 
 
 def wire_to_item(wire: WireItem, max_pixels: int = DEFAULT_MAX_PIXELS) -> ScoreItem:
-    """Decode one request item; ValueError for corrupt or oversized media."""
+    """Decode one request item; MediaError (a ValueError naming the field) for corrupt or oversized media."""
+    image = video = None
+    try:
+        image = decode_image(wire.image, max_pixels) if wire.image is not None else None
+    except ValueError as e:
+        raise MediaError("image", str(e)) from e
+    try:
+        video = decode_video(wire.video, max_pixels) if wire.video is not None else None
+    except ValueError as e:
+        raise MediaError("video", str(e)) from e
     return ScoreItem(
         prompt=wire.prompt,
         response=wire.response,
         reference=wire.reference,
-        image=decode_image(wire.image, max_pixels) if wire.image is not None else None,
-        video=decode_video(wire.video, max_pixels) if wire.video is not None else None,
+        image=image,
+        video=video,
         metadata=dict(wire.metadata),
     )
 

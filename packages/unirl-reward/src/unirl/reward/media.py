@@ -59,6 +59,10 @@ def decode_image(image: EncodedImage | ArrayData, max_pixels: int = DEFAULT_MAX_
             return np.asarray(img.convert("RGB"), dtype=np.uint8)
     except ValueError:
         raise
+    except Image.UnidentifiedImageError as e:  # its message is the repr of our BytesIO
+        raise ValueError(
+            f"cannot decode {image.format} image: the {len(image.data)} bytes are not a PNG or JPEG file"
+        ) from e
     except Exception as e:  # PIL raises many types for corrupt data; all are a client error here
         raise ValueError(f"cannot decode {image.format} image: {type(e).__name__}: {e}") from e
 
@@ -73,14 +77,31 @@ def decode_video(video: EncodedFrames | ArrayData, max_pixels: int = DEFAULT_MAX
     frames: list[np.ndarray[Any, Any]] = []
     budget = max_pixels
     for i, frame in enumerate(video.frames):
-        arr = decode_image(frame, max_pixels=budget)
+        try:
+            arr = decode_image(frame, max_pixels=budget)
+        except TooManyPixels as e:
+            total = max_pixels - budget + e.n
+            raise ValueError(
+                f"frame {i}: frames 0..{i} have {total} pixels, more than the limit {max_pixels} "
+                "for a whole video; send fewer or smaller frames"
+            ) from e
+        except ValueError as e:
+            raise ValueError(f"frame {i}: {e}") from e
         budget -= arr.shape[0] * arr.shape[1]
         if frames and arr.shape != frames[0].shape:
-            raise ValueError(f"video frame {i} has shape {arr.shape}, frame 0 has {frames[0].shape}")
+            raise ValueError(f"frame {i} has shape {arr.shape}, frame 0 has {frames[0].shape}")
         frames.append(arr)
     return np.stack(frames)
 
 
+class TooManyPixels(ValueError):
+    """Media over the server's `max_pixels` (per image; per video, all frames together)."""
+
+    def __init__(self, n: int, max_pixels: int) -> None:
+        super().__init__(f"media has {n} pixels, more than the limit {max_pixels}; send smaller media")
+        self.n, self.max_pixels = n, max_pixels
+
+
 def _check_pixels(n: int, max_pixels: int) -> None:
     if n > max_pixels:
-        raise ValueError(f"media has {n} pixels, more than the limit {max_pixels}; send smaller media")
+        raise TooManyPixels(n, max_pixels)

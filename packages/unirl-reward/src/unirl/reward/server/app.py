@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from unirl.reward import __version__
 from unirl.reward.combine import WeightedScorer, combine, identity
-from unirl.reward.convert import result_to_wire, wire_to_item
+from unirl.reward.convert import MediaError, result_to_wire, wire_to_item
 from unirl.reward.protocol import ScoreItem, ScoreResult, check_inputs
 from unirl.reward.server.auth import BearerTokenMiddleware
 from unirl.reward.server.batcher import BatchStats, DynamicBatcher, QueueFull
@@ -112,6 +112,9 @@ def create_app(
 ) -> FastAPI:
     """The app; `build_scorers` runs at startup (in a thread) and /ready answers 200 once it returns."""
     settings = settings or ServerSettings()
+    if token is not None and not token.strip():
+        # an empty token would let in every request that sends `Authorization: Bearer`
+        raise ValueError("token is empty; pass a non-empty secret, or None for no auth (loopback only)")
     state: dict[str, Any] = {"scorers": None, "batcher": None, "load_error": None}
     metrics = Metrics()
     cache = IdempotencyCache(ttl_s=settings.idempotency_ttl_s)
@@ -161,6 +164,7 @@ def create_app(
     app = FastAPI(title="unirl-reward", version=__version__, lifespan=lifespan)
     app.router.route_class = FiniteJSONRoute
     app.state.loaded = loaded
+    app.state.has_token = token is not None  # serve_in_thread refuses a public bind without one
     app.state.load_state = state
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     if token is not None:  # added last, so outermost: runs before the body limit reads anything
@@ -188,6 +192,10 @@ def create_app(
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         parts = []
         for e in exc.errors()[:10]:  # loc + msg only: never echo the (possibly huge) input
+            if e.get("type") == "json_invalid":  # loc is ("body", char offset)
+                where, why = e.get("loc", ("body", "?"))[-1], (e.get("ctx") or {}).get("error", "")
+                parts.append(f"body: not valid JSON at char {where}: {why}; send JSON matching ScoreRequest")
+                continue
             loc = ".".join(str(x) for x in e.get("loc", ()))
             parts.append(f"{loc}: {e.get('msg', 'invalid')}")
         return JSONResponse({"detail": "invalid request: " + "; ".join(parts)}, status_code=422)
@@ -310,10 +318,18 @@ def create_app(
         )
 
     def _decode_and_check(req: ScoreRequest) -> list[ScoreItem]:
+        if len(req.items) > settings.max_queue_items:  # would get 429 on every retry, forever
+            raise HTTPError(
+                413,
+                f"items: {len(req.items)} items, more than this server queues at once "
+                f"(max_queue_items={settings.max_queue_items}); split the request",
+            )
         items = []
         for i, w in enumerate(req.items):
             try:
                 items.append(wire_to_item(w, settings.max_pixels))
+            except MediaError as e:
+                raise HTTPError(422, f"items.{i}.{e.field}: {e.reason}") from None
             except (ValueError, TypeError) as e:
                 raise HTTPError(422, f"items.{i}: {e}") from None
         for ws in state["scorers"]:

@@ -9,6 +9,8 @@ from typing import Any
 
 import uvicorn
 
+from unirl.reward.server.settings import check_bind
+
 
 @dataclass
 class ServerHandle:
@@ -36,7 +38,9 @@ def serve_in_thread(
     `wait_ready`, once the app's scorers have loaded (a load failure raises RuntimeError).
 
     Waits on an Event set by uvicorn's startup (bounded by `timeout_s`), never on sleeps.
+    ValueError, before binding, for a host beyond loopback when the app has no token.
     """
+    check_bind(host, "set" if getattr(getattr(app, "state", None), "has_token", False) else None)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     started = threading.Event()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from unirl.reward.config import ServiceConfig
 from unirl.reward.media import DEFAULT_MAX_PIXELS
@@ -33,6 +33,15 @@ class ServerSettings(BaseModel):
     token_env: str = Field(
         "UNIRL_REWARD_TOKEN", description="Environment variable holding the bearer token (never in the file)."
     )
+
+    @model_validator(mode="after")
+    def _queue_holds_a_batch(self) -> ServerSettings:
+        if self.max_queue_items < self.max_batch:
+            raise ValueError(
+                f"server.max_queue_items={self.max_queue_items} is below server.max_batch={self.max_batch}: "
+                "the queue must hold one full batch; raise max_queue_items or lower max_batch"
+            )
+        return self
 
 
 class ServeConfig(ServiceConfig):
