@@ -10,7 +10,14 @@ from typing import Annotated
 
 from pydantic import Field
 
-from unirl.train.algorithms.base import BatchTotals, ContextReference, StageAlgorithm
+from unirl.train.algorithms.base import (
+    BatchTotals,
+    ContextReference,
+    ShapesRewards,
+    StageAlgorithm,
+    UsesOldPolicy,
+    UsesReference,
+)
 from unirl.train.algorithms.diffusion_nft import DiffusionNFT, DiffusionNFTConfig
 from unirl.train.algorithms.drpo import DRPO, DRPOConfig
 from unirl.train.algorithms.flow_dppo import FlowDPPO, FlowDPPOConfig
@@ -58,7 +65,10 @@ __all__ = [
     "MixGRPOConfig",
     "OffPolicyConfig",
     "OverlongConfig",
+    "ShapesRewards",
     "StageAlgorithm",
     "TokenSFT",
     "TokenSFTConfig",
+    "UsesOldPolicy",
+    "UsesReference",
 ]

@@ -53,6 +53,10 @@ class ARPolicyConfig(AlgorithmConfigBase):
     )
     prepare_batch_size: int = Field(default=8, ge=1, description="Parts per no-grad replay when recomputing.")
 
+    @property
+    def kl_weight(self) -> float:
+        return self.kl_coef
+
     @model_validator(mode="after")
     def _shared(self) -> ARPolicyConfig:
         if self.loss_agg_mode == "seq-mean-token-sum-norm" and self.horizon is None:

@@ -9,7 +9,7 @@ summing micro-batch gradients equals the full-batch gradient whatever the split.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -55,6 +55,31 @@ class StageAlgorithm(Protocol):
     ) -> tuple[Tensor, dict[str, float]]:
         """This micro-batch's share of the mini-batch loss and its metrics."""
         ...
+
+
+@runtime_checkable
+class UsesReference(Protocol):
+    """Optional StageAlgorithm capability: a KL / drift term against a reference policy, set by the
+    composition when the config ``needs_reference`` (e.g. ``ContextReference(pipeline,
+    backend.reference_weights)``). Flow-GRPO, DiffusionNFT and the AR policy-gradient family have it."""
+
+    def set_reference(self, reference: Any) -> None: ...
+
+
+@runtime_checkable
+class UsesOldPolicy(Protocol):
+    """Optional StageAlgorithm capability: the old policy is a weight context the composition
+    supplies (DiffusionNFT: ``backend.ema_weights``, in which the module holds the EMA)."""
+
+    def set_old_policy(self, context: Callable[[], AbstractContextManager[Any]]) -> None: ...
+
+
+@runtime_checkable
+class ShapesRewards(Protocol):
+    """Optional StageAlgorithm capability: reshape the rewards of one rollout batch in place
+    before advantages (DAPO's overlong penalty, ``GRPO.shape_rewards``)."""
+
+    def shape_rewards(self, parts: Sequence[Part]) -> None: ...
 
 
 class StepReplayLike(Protocol):

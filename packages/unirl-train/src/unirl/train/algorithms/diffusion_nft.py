@@ -70,6 +70,10 @@ class DiffusionNFTConfig(AlgorithmConfigBase):
     prepare_batch_size: int = Field(default=8, ge=1, description="Parts per no-grad old-velocity evaluation.")
     seed: int = Field(default=0, ge=0, description="seed of the t / noise draws.")
 
+    @property
+    def kl_weight(self) -> float:
+        return self.kl_coef
+
     def ema_config(self) -> dict[str, float]:
         """Backend EMA settings that make ``backend.ema_weights`` the NFT old policy."""
         return {"decay": self.ema_cap, "ramp": self.ema_rate}

@@ -88,6 +88,10 @@ class FlowGRPOConfig(AlgorithmConfigBase):
     expected_strategy: ClassVar[str | None] = None
     expected_schedule: ClassVar[str | None] = None
 
+    @property
+    def kl_weight(self) -> float:
+        return self.kl_coef
+
     def sampling_overrides(self) -> dict[str, Any]:
         """Fields to set on ``DiffusionSamplingParams`` for this variant (none for plain Flow-GRPO)."""
         return {}
