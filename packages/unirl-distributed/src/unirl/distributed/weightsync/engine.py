@@ -10,7 +10,7 @@ a canary sequence scores the same in the engine and its reference copy).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -92,8 +92,10 @@ def stamp_of(items: list[tuple[str, torch.Tensor]], version: int) -> WeightStamp
     return weight_stamp(items, version)
 
 
+@runtime_checkable
 class WeightEngine(Protocol):
-    """What the engine plane pushes into: a dedicated engine's own verified weight update."""
+    """What the engine plane pushes into: a dedicated engine's own verified weight update
+    (``isinstance(engine, WeightEngine)``: the engine has its own weights to push to)."""
 
     def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], stamp: WeightStamp

@@ -4,7 +4,7 @@ The HTTP engines (``sglang_llm``, ``sglang``, ``vllm_omni``) need only httpx (im
 ``composed`` chains any of them; ``guards`` holds the sigma-echo and log-prob-parity checks.
 """
 
-from unirl.rollout.engines.base import DedicatedRolloutEngine, RolloutEngine
+from unirl.rollout.engines.base import ClosableEngine, DedicatedRolloutEngine, EngineMetrics, RolloutEngine
 from unirl.rollout.engines.composed import ComposedEngine, ComposedEngineConfig
 from unirl.rollout.engines.guards import (
     LogProbParityError,
@@ -19,9 +19,11 @@ from unirl.rollout.engines.trainside import TrainsideEngine
 from unirl.rollout.engines.vllm_omni import VLLMOmniEngine, VLLMOmniEngineConfig
 
 __all__ = [
+    "ClosableEngine",
     "ComposedEngine",
     "ComposedEngineConfig",
     "DedicatedRolloutEngine",
+    "EngineMetrics",
     "LogProbParityError",
     "RolloutEngine",
     "SGLangDiffusionEngine",

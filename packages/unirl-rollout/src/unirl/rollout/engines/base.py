@@ -9,7 +9,7 @@ from torch import Tensor
 
 from unirl.types import Sample, WeightStamp
 
-__all__ = ["DedicatedRolloutEngine", "RolloutEngine"]
+__all__ = ["ClosableEngine", "DedicatedRolloutEngine", "EngineMetrics", "RolloutEngine"]
 
 
 @runtime_checkable
@@ -36,3 +36,18 @@ class DedicatedRolloutEngine(RolloutEngine, Protocol):
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], stamp: WeightStamp) -> WeightStamp:
         """Load new weights and return the stamp computed over what was received (must equal ``stamp``)."""
         ...
+
+
+@runtime_checkable
+class EngineMetrics(Protocol):
+    """Optional engine capability: guard metrics of the rollouts since the last call (e.g. vLLM's
+    log-prob parity), merged into the step's metrics."""
+
+    def metrics(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class ClosableEngine(Protocol):
+    """Optional engine capability: release what the engine holds (a server process, a client)."""
+
+    def close(self) -> None: ...

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from unirl.types import Sample
+from unirl.types import Part, Sample
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "PreparesPrompts"]
 
 
 @runtime_checkable
@@ -20,3 +20,11 @@ class Pipeline(Protocol):
         """Append (or fill) the Part named ``stage`` of each Sample: segment, conditions, outputs,
         sampling params and status. Returns the same Sample objects."""
         ...
+
+
+@runtime_checkable
+class PreparesPrompts(Protocol):
+    """Optional AR-pipeline capability: build a Part's prompt ids itself, caching what replay needs
+    on the Part (the VLM pipeline encodes the Sample's images into ``part.conditions`` once)."""
+
+    def prepare_prompt(self, sample: Sample, part: Part) -> list[int]: ...

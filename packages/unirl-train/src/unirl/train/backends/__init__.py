@@ -1,5 +1,5 @@
 """Training backends: own the model state (structure, optimizer, scheduler, EMA, checkpoints)."""
 
-from unirl.train.backends.base import StepStats, TrainBackend
+from unirl.train.backends.base import SeparateRolloutCopy, StepStats, TrainBackend
 
-__all__ = ["StepStats", "TrainBackend"]
+__all__ = ["SeparateRolloutCopy", "StepStats", "TrainBackend"]

@@ -34,7 +34,10 @@ class TrainBackend(Protocol):
     `load_state_dict`, `full_state_dict`) must be called on every rank in the same order.
     """
 
-    module: torch.nn.Module
+    @property
+    def module(self) -> torch.nn.Module:
+        """The (possibly sharded) model the pipeline runs (read-only here: a backend may narrow its type)."""
+        ...
 
     @property
     def global_step(self) -> int: ...
@@ -101,3 +104,14 @@ class MicroBatchRunner(Protocol):
     def run_micro_batches(
         self, micro: Sequence[Any], loss_fn: Callable[[Any], tuple[torch.Tensor, dict[str, float]]]
     ) -> list[tuple[float, dict[str, float]]]: ...
+
+
+@runtime_checkable
+class SeparateRolloutCopy(Protocol):
+    """Optional backend capability: decoding runs on a separate rollout copy of the model
+    (``rollout_module``, megatron: the trained module is TP/PP-sharded), which ``sync_rollout()``
+    brings up to the trained weights."""
+
+    rollout_module: torch.nn.Module
+
+    def sync_rollout(self) -> None: ...
