@@ -6,7 +6,7 @@ resumed run draws exactly the prompts the uninterrupted run would have drawn.
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,6 +22,42 @@ class PromptSource(Protocol):
     def train_records(self) -> list[PromptRecord]: ...
 
     def eval_records(self) -> list[PromptRecord]: ...
+
+
+# Optional capabilities of a built source (SFT data) and of a data config (sizes the model must match).
+@runtime_checkable
+class SFTPairs(Protocol):
+    """A source of (prompt, target text) pairs for token SFT (arithmetic, word problems, paraphrase)."""
+
+    def sft_pairs(self, n: int, *, seed: int, step: int) -> list[tuple[str, str]]: ...
+
+
+@runtime_checkable
+class SFTRecords(Protocol):
+    """A source of whole SFT records (prompt, answer and images: a visual-question world)."""
+
+    def sft_records(self, n: int, *, seed: int, step: int) -> list[PromptRecord]: ...
+
+
+@runtime_checkable
+class SFTImages(Protocol):
+    """A source of (images ``[N, H, W, 3]`` or videos ``[N, F, H, W, 3]`` uint8, captions) for flow SFT."""
+
+    def sft_examples(self, n: int, *, seed: int, step: int) -> tuple[np.ndarray, list[str]]: ...
+
+
+@runtime_checkable
+class SizedImages(Protocol):
+    """A data config whose images have one side length (the tiny models must sample that size)."""
+
+    resolution: int
+
+
+@runtime_checkable
+class FramedVideos(Protocol):
+    """A data config whose videos have a fixed number of frames."""
+
+    num_frames: int
 
 
 def draw(records: list[PromptRecord], n: int, *, seed: int, step: int) -> list[PromptRecord]:

@@ -49,6 +49,12 @@ class RemoteEngine:
         d.rollout_remote.call_all(RolloutWorker.set_step, rollout_step)
         return d.rollout_remote.call_dp(RolloutWorker.generate, samples)
 
+    def wake_up(self) -> None:
+        """A no-op: the rollout workers hold their own devices."""
+
+    def sleep(self) -> None:
+        """A no-op: the rollout workers hold their own devices."""
+
 
 class DistributedRL(Trainer):
     """A domain trainer (``domain``: ARTrainer, DiffusionTrainer) laid out on Ray workers."""

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from unirl.apps.data import SFTPairs, SFTRecords
 from unirl.apps.evalstats import distinct_fraction
 from unirl.apps.launch import run_trainer
 from unirl.apps.loop import PromptRecord, StopFlag, make_samples
@@ -22,8 +23,16 @@ from unirl.apps.trainers.ar_config import Recipe, engine_model_dir
 from unirl.apps.trainers.base import Trainer
 from unirl.apps.trainers.components import NoSteps
 from unirl.distributed.weightsync import Endpoint, EngineSync, EngineWeightPlane
+from unirl.distributed.weightsync.engine import WeightEngine
 from unirl.reward.service import RewardService
-from unirl.rollout.engines import TrainsideEngine
+from unirl.rollout.engines import ClosableEngine, EngineMetrics, TrainsideEngine
+from unirl.rollout.pipelines import PreparesPrompts
+from unirl.train.algorithms import ContextReference, ShapesRewards, UsesReference
+from unirl.train.backends import SeparateRolloutCopy
+from unirl.train.backends.fsdp import FSDPBackend
+
+if TYPE_CHECKING:
+    from unirl.train.backends.megatron.backend import MegatronBackend
 from unirl.types import Part, Sample, TextPrimitive, TextSegment
 
 __all__ = ["ARTrainer", "Recipe", "engine_model_dir", "run"]
@@ -31,6 +40,8 @@ __all__ = ["ARTrainer", "Recipe", "engine_model_dir", "run"]
 
 class ARTrainer(Trainer):
     stage = "ar"
+    backend: FSDPBackend | MegatronBackend
+    engine: Any  # TrainsideEngine or a dedicated engine (vllm): both report `weight_version`
 
     def __init__(self, recipe: Recipe, run_dir: RunDir) -> None:
         super().__init__(recipe, run_dir)
@@ -44,7 +55,7 @@ class ARTrainer(Trainer):
         self.engine = self._build_engine(recipe, engine_dir)
         self.weight_plane: EngineWeightPlane | None = None
         """The ``engine`` weight plane into a dedicated engine (None: trainside samples itself)."""
-        if hasattr(self.engine, "update_weights"):
+        if isinstance(self.engine, WeightEngine):
             self.weight_plane = EngineSync().build(
                 Endpoint("rollout engine", is_source=True, engine=self.engine)
             )
@@ -52,9 +63,7 @@ class ARTrainer(Trainer):
         alg = recipe.rl.algorithm if recipe.rl else None
         self.algorithm = alg.build() if alg is not None else None
         self.steps = self.make_steps(recipe, self.algorithm)
-        if self.algorithm is not None and getattr(alg, "kl_coef", 0.0):
-            from unirl.train.algorithms import ContextReference
-
+        if alg is not None and isinstance(self.algorithm, UsesReference) and alg.needs_reference:
             self.algorithm.set_reference(ContextReference(self.pipeline, self.backend.reference_weights))
 
     # ---- the rollout engine (trainside or dedicated) -----------------------------------------
@@ -81,7 +90,7 @@ class ARTrainer(Trainer):
     def _gathered_sampling(self, cfg: Any) -> bool:
         """Sample inside ``backend.gathered()``: static decoders (FSDP: weights gathered once a
         rollout) and a backend with a separate rollout copy (megatron: synced when behind)."""
-        return cfg.decoder != "dynamic" or hasattr(self.backend, "rollout_module")
+        return cfg.decoder != "dynamic" or isinstance(self.backend, SeparateRolloutCopy)
 
     def sync_engine(self) -> dict[str, float]:
         """Push the trained weights to a dedicated engine when it is behind (no-op for trainside)."""
@@ -89,17 +98,15 @@ class ARTrainer(Trainer):
         if self.weight_plane is None or version <= self.engine.weight_version:
             return {}
         t0 = time.time()
-        sync_copy = getattr(self.backend, "sync_rollout", None)
-        if callable(sync_copy):  # megatron: the engine's parity reference is the rollout copy
-            sync_copy()
+        if isinstance(self.backend, SeparateRolloutCopy):  # megatron: the engine's parity reference
+            self.backend.sync_rollout()
         with self.rollout_weights():
             self.weight_plane.push(self.backend.full_state_dict().items(), version)
         return {"weight_sync/seconds": time.time() - t0, "weight_sync/version": float(version)}
 
     def after_train_step(self) -> dict[str, float]:
         m = self.sync_engine()
-        metrics = getattr(self.engine, "metrics", None)
-        return m | (metrics() if callable(metrics) else {})
+        return m | (self.engine.metrics() if isinstance(self.engine, EngineMetrics) else {})
 
     def after_phase(self, name: str) -> None:
         self.sync_engine()  # e.g. after SFT: evaluation and RL sample from the SFT weights
@@ -113,16 +120,15 @@ class ARTrainer(Trainer):
         try:
             super().run_all(mode, stop)
         finally:
-            close = getattr(self.engine, "close", None)
-            if callable(close):
-                close()
+            if isinstance(self.engine, ClosableEngine):
+                self.engine.close()
 
     def sft_records(self, batch_size: int, step: int) -> list[PromptRecord]:
         """SFT step ``step``'s (prompt, answer[, images]) records from the data source."""
         seed = self.cfg.seed
-        if hasattr(self.data, "sft_records"):  # records with images (a visual-question world)
+        if isinstance(self.data, SFTRecords):  # records with images (a visual-question world)
             return list(self.data.sft_records(batch_size, seed=seed, step=step))
-        if not hasattr(self.data, "sft_pairs"):
+        if not isinstance(self.data, SFTPairs):
             raise ValueError(f"sft needs (prompt, answer) data; data.kind={self.cfg.data.kind!r} has none")
         pairs = self.data.sft_pairs(batch_size, seed=seed, step=step)
         return [PromptRecord(id=f"sft{i}", prompt=p, answer=t) for i, (p, t) in enumerate(pairs)]
@@ -133,14 +139,19 @@ class ARTrainer(Trainer):
         samples = make_samples(
             records, step=step, samples_per_prompt=1, split="train", dataset=self.data.name
         )
-        prepare = getattr(self.pipeline, "prepare_prompt", None)  # a VLM caches the image conditions
+        pipeline = self.pipeline
         parts = []
         for s, r in zip(samples, records):
             target = r.answer or ""
             part = Part(
                 name=self.stage, sampling_params=self.cfg.sampling, outputs=[TextPrimitive(text=target)]
             )
-            prompt = prepare(s, part) if prepare is not None else self.pipeline.prompt_ids(s)
+            # a VLM pipeline prepares the prompt itself, caching the image conditions on the Part
+            prompt = (
+                pipeline.prepare_prompt(s, part)
+                if isinstance(pipeline, PreparesPrompts)
+                else pipeline.prompt_ids(s)
+            )
             response = [*self.bundle.tokenizer.encode(target, add_special_tokens=False), eos]
             part.segment = TextSegment(prompt_ids=prompt, response_ids=response)
             parts.append(part)
@@ -162,9 +173,8 @@ class ARSteps(NoSteps):
         self.stage, self.algorithm = stage, algorithm
 
     def shape_rewards(self, parts: list[Part]) -> None:
-        shaper = getattr(self.algorithm, "shape_rewards", None)  # DAPO's overlong penalty; GRPO has none
-        if callable(shaper):
-            shaper(parts)
+        if isinstance(self.algorithm, ShapesRewards):  # DAPO's overlong penalty
+            self.algorithm.shape_rewards(parts)
 
     def sample_diversity(self, samples: list[Sample]) -> float | None:
         """Distinct completions of one prompt / its samples (None for one sample a prompt)."""

@@ -18,14 +18,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from unirl.apps.data import draw
+from unirl.apps.data import PromptSource, draw
 from unirl.apps.evalstats import solved_by_prompt, summarize_scores
 from unirl.apps.loop import StopFlag, by_group, has_signal, latest_checkpoint, make_samples, pick_device
 from unirl.apps.progress import PhaseProgress
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.checkpoints import restore_run, run_extra
-from unirl.apps.trainers.components import DomainSteps, NoSteps
+from unirl.apps.trainers.components import DomainSteps, NoSteps, SampleScorer
 from unirl.apps.trainers.phases import apply_phase_lr
+from unirl.rollout.engines import RolloutEngine
+from unirl.train.algorithms import StageAlgorithm
+from unirl.train.backends import TrainBackend
 from unirl.train.checkpoint import load_checkpoint, save_checkpoint
 from unirl.train.geometry import BatchGeometry
 from unirl.train.stack import TrainStack
@@ -40,12 +43,12 @@ class Trainer:
     """Shared controller; subclasses set the attributes listed in ``__init__``."""
 
     stage: str
-    backend: Any
-    pipeline: Any
-    engine: Any
-    reward: Any
-    data: Any
-    algorithm: Any
+    backend: TrainBackend
+    pipeline: Any  # the domain's pipeline (FlowMatchPipeline, ARPipeline, ...): sampling + replay
+    engine: RolloutEngine
+    reward: SampleScorer
+    data: PromptSource
+    algorithm: StageAlgorithm | None  # None: the recipe has no RL phase (or, PE, one per side)
     steps: DomainSteps = NoSteps()
     """The domain's model-free steps (``make_steps``)."""
 
@@ -138,9 +141,9 @@ class Trainer:
         if starting and name == "rl":
             if phase.reset_optimizer:
                 self.backend.reset_optimizer()
-            if getattr(self.cfg.backend, "reference", "none") == "frozen_copy":
+            if self.cfg.backend.reference == "frozen_copy":
                 self.backend.snapshot_reference()
-            if getattr(self.cfg.backend, "ema", None) is not None:
+            if self.cfg.backend.ema is not None:
                 self.backend.restart_ema()  # RL's EMA (NFT's old policy) starts at the SFT result
         apply_phase_lr(self.backend, phase, self.rl_step if name == "rl" else self.sft_step)
         if name == "sft":
@@ -150,6 +153,10 @@ class Trainer:
             )
             return TrainStack(self.backend, phase.algorithm.build(), self.pipeline, geometry)
         if name == "rl":
+            if self.algorithm is None:
+                raise ValueError(
+                    f"{type(self).__name__}: phase 'rl' has no algorithm (the recipe has no `rl`)"
+                )
             return TrainStack(self.backend, self.algorithm, self.pipeline, phase.geometry)
         raise ValueError(f"phase={name!r} is not one of 'sft', 'rl'")
 

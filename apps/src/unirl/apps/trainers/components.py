@@ -16,9 +16,9 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
-from unirl.types import Part, Sample
+from unirl.types import Part, Reward, Sample
 
-__all__ = ["DomainSteps", "NoSteps", "Policy", "PolicyRecipe"]
+__all__ = ["DomainSteps", "NoSteps", "Policy", "PolicyRecipe", "SampleScorer"]
 
 B = TypeVar("B")
 P = TypeVar("P")
@@ -43,6 +43,17 @@ class PolicyRecipe(Protocol):
     ) -> Policy[Any, Any]:
         """Bundle + pipeline as the trainer builds them; ``rollout_copy``: for a sampler that never
         trains (a Ray rollout worker, the async rollout thread)."""
+        ...
+
+
+class SampleScorer(Protocol):
+    """What a trainer scores with: ``unirl.reward.RewardService``, or a wrapper of it (PE's
+    ``OriginalPromptReward`` scores against the original prompt)."""
+
+    def score_samples(
+        self, samples: list[Sample], part_name: str, prompt_part: str | None = None
+    ) -> list[Reward]:
+        """Score ``part_name`` of every Sample, set its ``Part.reward`` and return the rewards in order."""
         ...
 
 

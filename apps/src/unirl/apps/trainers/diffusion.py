@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from unirl.apps.data import SFTImages
 from unirl.apps.evalstats import pairwise_diversity
 from unirl.apps.launch import run_trainer
 from unirl.apps.loop import StopFlag
@@ -24,6 +25,7 @@ from unirl.apps.trainers.components import NoSteps
 from unirl.apps.trainers.diffusion_config import Recipe
 from unirl.apps.trainers.diffusion_rollout import RemoteDiffusionRollout, build_engine
 from unirl.reward.service import RewardService
+from unirl.train.algorithms import ContextReference, UsesOldPolicy, UsesReference
 from unirl.types import LatentTrajectory, Part, Sample, VideoPrimitive, to_numpy
 
 __all__ = ["DiffusionTrainer", "Recipe", "run"]
@@ -43,13 +45,10 @@ class DiffusionTrainer(Trainer):
         self.reward = RewardService.local(recipe.reward)
         self.algorithm = alg.build() if alg is not None else None
         self.steps = self.make_steps(recipe, self.algorithm)
-        if self.algorithm is not None:
-            if getattr(alg, "kl_coef", 0.0):
-                from unirl.train.algorithms import ContextReference
-
-                self.algorithm.set_reference(ContextReference(self.pipeline, self.backend.reference_weights))
-            if hasattr(self.algorithm, "set_old_policy"):  # DiffusionNFT: the EMA is its old policy
-                self.algorithm.set_old_policy(self.backend.ema_weights)
+        if alg is not None and isinstance(self.algorithm, UsesReference) and alg.needs_reference:
+            self.algorithm.set_reference(ContextReference(self.pipeline, self.backend.reference_weights))
+        if isinstance(self.algorithm, UsesOldPolicy):  # DiffusionNFT: the EMA is its old policy
+            self.algorithm.set_old_policy(self.backend.ema_weights)
 
     @classmethod
     def make_steps(cls, recipe: Recipe, algorithm: object) -> DiffusionSteps:
@@ -71,7 +70,7 @@ class DiffusionTrainer(Trainer):
                 self.engine.close()
 
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:
-        if not hasattr(self.data, "sft_examples"):
+        if not isinstance(self.data, SFTImages):
             raise ValueError(f"sft needs (image, caption) data; data.kind={self.cfg.data.kind!r} has none")
         images, captions = self.data.sft_examples(batch_size, seed=self.cfg.seed, step=step)
         with torch.no_grad():

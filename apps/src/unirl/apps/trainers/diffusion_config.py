@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 import torch
 from pydantic import Field, model_validator
 
-from unirl.apps.data import PromptListConfig
+from unirl.apps.data import FramedVideos, PromptListConfig, SizedImages
 from unirl.apps.models import DiffusionModelConfig, TinyShapesModelConfig, TinyVideoModelConfig
 from unirl.apps.trainers.components import Policy
 from unirl.apps.trainers.diffusion_rollout import DiffusionRolloutConfig, TrainsideDiffusionEngineConfig
@@ -49,8 +49,8 @@ class Recipe(RunSettings):
 
     def rollout_params(self) -> DiffusionSamplingParams:
         """``sampling`` with what the RL algorithm requires (e.g. DanceGRPO's SDE strategy)."""
-        overrides = getattr(self.rl.algorithm if self.rl else None, "sampling_overrides", None)
-        return self.sampling.model_copy(update=overrides()) if callable(overrides) else self.sampling
+        overrides = self.rl.algorithm.sampling_overrides() if self.rl else {}
+        return self.sampling.model_copy(update=overrides) if overrides else self.sampling
 
     def build_policy(
         self, device: torch.device, *, stage: str = "diffusion", rollout_copy: bool = False
@@ -118,7 +118,7 @@ class Recipe(RunSettings):
                 f"model.resolution={res}: the tiny pixel model samples {res}x{res} images; set "
                 f"sampling.height={res} sampling.width={res} (or change model.resolution)"
             )
-        data_res = getattr(self.data, "resolution", res)
+        data_res = self.data.resolution if isinstance(self.data, SizedImages) else res
         if data_res != res:
             raise ValueError(
                 f"data.resolution={data_res} but model.resolution={res}: SFT images and the model must "
@@ -132,14 +132,14 @@ class Recipe(RunSettings):
         if not isinstance(self.model, TinyVideoModelConfig):
             return self
         res, s = self.model.resolution, self.sampling
-        frames = getattr(self.data, "num_frames", s.num_frames)
+        frames = self.data.num_frames if isinstance(self.data, FramedVideos) else s.num_frames
         if s.num_frames is None or (s.height, s.width, s.num_frames) != (res, res, frames):
             raise ValueError(
                 f"sampling.height={s.height}, sampling.width={s.width}, sampling.num_frames={s.num_frames} "
                 f"but model.resolution={res} and data.num_frames={frames}: set sampling.height={res} "
                 f"sampling.width={res} sampling.num_frames={frames}"
             )
-        data_res = getattr(self.data, "resolution", res)
+        data_res = self.data.resolution if isinstance(self.data, SizedImages) else res
         if data_res != res:
             raise ValueError(f"data.resolution={data_res} but model.resolution={res}: make them equal")
         return self

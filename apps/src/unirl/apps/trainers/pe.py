@@ -35,11 +35,13 @@ from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.base import Trainer
 from unirl.apps.trainers.pe_config import Recipe
 from unirl.apps.trainers.phases import apply_phase_lr
+from unirl.apps.worlds.shapes_paraphrase import ShapesParaphraseSource
 from unirl.reward.service import RewardService, sample_to_item
 from unirl.rollout.ar import ARPipeline
 from unirl.rollout.engines import TrainsideEngine
 from unirl.rollout.engines.composed import ComposedEngine
 from unirl.rollout.pipelines import FlowMatchPipeline
+from unirl.train.algorithms import ContextReference, UsesReference
 from unirl.train.geometry import BatchGeometry
 from unirl.train.stack import TrainStack
 from unirl.types import (
@@ -135,6 +137,7 @@ class StacksCheckpoint:
 
 class PETrainer(Trainer):
     stage = DIFFUSION  # what a PE run is judged on: the render, scored against the original prompt
+    data: ShapesParaphraseSource
 
     def __init__(self, recipe: Recipe, run_dir: RunDir) -> None:
         super().__init__(recipe, run_dir)
@@ -148,8 +151,8 @@ class PETrainer(Trainer):
         # the renderer (self.backend / self.pipeline: the diffusion stack, as in DiffusionTrainer)
         self.bundle = d.model.build(self.device, recipe.seed)
         d_alg = d.rl.algorithm if d.rl is not None else None
-        overrides = getattr(d_alg, "sampling_overrides", None)
-        params = d.sampling.model_copy(update=overrides()) if callable(overrides) else d.sampling
+        overrides = d_alg.sampling_overrides() if d_alg is not None else {}
+        params = d.sampling.model_copy(update=overrides) if overrides else d.sampling
         self.pipeline = FlowMatchPipeline(
             self.bundle,
             stage=DIFFUSION,
@@ -186,9 +189,7 @@ class PETrainer(Trainer):
 
     def _side(self, name: str, backend: Any, pipeline: Any, rl: Any) -> Side:
         alg = rl.algorithm.build() if rl is not None else None
-        if alg is not None and getattr(rl.algorithm, "kl_coef", 0.0):
-            from unirl.train.algorithms import ContextReference
-
+        if isinstance(alg, UsesReference) and rl.algorithm.needs_reference:
             alg.set_reference(ContextReference(pipeline, backend.reference_weights))
         return Side(name, backend, pipeline, rl, alg)
 
@@ -297,18 +298,15 @@ class PETrainer(Trainer):
                 continue  # frozen: samples, never steps
             if starting and side.rl.reset_optimizer:
                 side.backend.reset_optimizer()
-            if (
-                starting
-                and getattr(side.backend, "snapshot_reference", None)
-                and self._reference(side) == "frozen_copy"
-            ):
+            if starting and self._reference(side) == "frozen_copy":
                 side.backend.snapshot_reference()
             apply_phase_lr(side.backend, side.rl, self.rl_step)
             stacks[side.name] = TrainStack(side.backend, side.algorithm, side.pipeline, side.rl.geometry)
         return lambda parts: self.train_step(stacks, parts)
 
     def _reference(self, side: Side) -> str:
-        return str(getattr(getattr(self.cfg, side.name).backend, "reference", "none"))
+        stack = self.cfg.ar if side.name == AR else self.cfg.diffusion
+        return stack.backend.reference
 
     def train_step(self, stacks: dict[str, TrainStack], parts: list[Part]) -> dict[str, float]:
         """Train each trainable stack whose cadence falls on this step: the AR stack on the

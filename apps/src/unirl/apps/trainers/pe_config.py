@@ -165,7 +165,7 @@ class Recipe(RunSettings):
                 stack.rl.geometry.check_shard(n)
             except ValueError as e:
                 raise ValueError(f"{name}.rl.geometry: a PE step gives this stack {n} parts: {e}") from e
-            kl = getattr(stack.rl.algorithm, "kl_coef", 0.0)
+            kl = stack.rl.algorithm.kl_weight
             if kl and stack.backend.reference == "none":
                 raise ValueError(
                     f"{name}.rl.algorithm.kl_coef={kl} needs {name}.backend.reference=frozen_copy (or lora_base)"

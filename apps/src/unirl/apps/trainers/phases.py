@@ -140,7 +140,8 @@ class RunSettings(BaseModel):
         sft, rl = getattr(self, "sft", None), getattr(self, "rl", None)
         if sft is None and rl is None:
             raise ValueError("the recipe has neither an `sft` nor an `rl` phase: nothing to run")
-        kl = getattr(rl.algorithm, "kl_coef", 0.0) if rl is not None else 0.0
+        algorithm = rl.algorithm if rl is not None else None  # None: the unified trainer's tracks
+        kl = algorithm.kl_weight if algorithm is not None else 0.0
         reference = getattr(getattr(self, "backend", None), "reference", "none")
         if kl and reference == "none":
             raise ValueError(

@@ -29,10 +29,12 @@ from unirl.apps.trainers.base import Trainer
 from unirl.apps.trainers.pe import OriginalPromptReward
 from unirl.apps.trainers.phases import apply_phase_lr
 from unirl.apps.trainers.unified_config import Recipe, TinyUnifiedModelConfig
+from unirl.apps.worlds.shapes_paraphrase import ShapesParaphraseSource
 from unirl.reward.service import RewardService
 from unirl.rollout.engines import TrainsideEngine
 from unirl.rollout.engines.composed import ComposedEngine
 from unirl.rollout.unified import TinyUnifiedBundle, UnifiedImagePipeline, UnifiedTextPipeline
+from unirl.train.algorithms import UsesOldPolicy
 from unirl.train.geometry import BatchGeometry
 from unirl.train.unified_stack import Track, UnifiedModelTrainStack
 from unirl.types import (
@@ -68,6 +70,7 @@ def build_bundle(
 
 class UnifiedTrainer(Trainer):
     stage = IMAGE  # what a run is judged on: the drawing, scored against the original prompt
+    data: ShapesParaphraseSource
 
     def __init__(self, recipe: Recipe, run_dir: RunDir) -> None:
         super().__init__(recipe, run_dir)
@@ -79,9 +82,9 @@ class UnifiedTrainer(Trainer):
         image_alg = (
             recipe.rl.image.algorithm if recipe.rl is not None and recipe.rl.image is not None else None
         )
-        overrides = getattr(image_alg, "sampling_overrides", None)
+        overrides = image_alg.sampling_overrides() if image_alg is not None else {}
         params = recipe.image_sampling
-        params = params.model_copy(update=overrides()) if callable(overrides) else params
+        params = params.model_copy(update=overrides) if overrides else params
         self.text_pipeline = UnifiedTextPipeline(self.bundle, stage=AR, default_params=recipe.ar_sampling)
         self.pipeline = UnifiedImagePipeline(
             self.bundle,
@@ -179,7 +182,7 @@ class UnifiedTrainer(Trainer):
             if t is not None
         ]
         for t in tracks:
-            if hasattr(t.algorithm, "set_old_policy"):  # DiffusionNFT: the EMA is its old policy
+            if isinstance(t.algorithm, UsesOldPolicy):  # DiffusionNFT: the EMA is its old policy
                 t.algorithm.set_old_policy(self.backend.ema_weights)
         stack = UnifiedModelTrainStack(self.backend, tracks, phase.geometry)
         return lambda parts: self.train_step(stack, parts)

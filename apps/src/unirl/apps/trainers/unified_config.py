@@ -116,7 +116,7 @@ class UnifiedRLPhase(BaseModel):
         if self.steps and self.ar is None and self.image is None:
             raise ValueError("rl.steps > 0 but neither rl.ar nor rl.image is set: nothing would train")
         for name, track in (("ar", self.ar), ("image", self.image)):
-            if track is not None and getattr(track.algorithm, "kl_coef", 0.0):
+            if track is not None and track.algorithm.needs_reference:
                 raise ValueError(
                     f"rl.{name}.algorithm.kl_coef: the unified trainer has no reference policy yet"
                 )
