@@ -7,11 +7,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from unirl.types import ImagePrimitive, Sample, SampleMetadata, TextPrimitive
+from unirl.types.sample import Scalar
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class PromptRecord:
     id: str
     prompt: str
     answer: str | None = None
-    spec: dict[str, Any] = field(default_factory=dict)
+    spec: dict[str, Scalar | list[Scalar]] = field(default_factory=dict)
     images: tuple[Any, ...] = ()
     """uint8 ``[H, W, C]`` arrays the prompt refers to (a visual question); inputs after the text."""
 
@@ -51,7 +52,7 @@ def make_samples(
     *,
     step: int,
     samples_per_prompt: int,
-    split: str,
+    split: Literal["train", "eval"],
     dataset: str,
     tag: str = "",
 ) -> list[Sample]:
@@ -70,7 +71,7 @@ def make_samples(
                     id=f"{gid}/{k}",
                     group_id=gid,
                     inputs=[TextPrimitive(text=r.prompt), *(ImagePrimitive(pixels=i) for i in r.images)],
-                    metadata=SampleMetadata(dataset=dataset, split=split, answer=r.answer, spec=r.spec),  # type: ignore[arg-type]
+                    metadata=SampleMetadata(dataset=dataset, split=split, answer=r.answer, spec=r.spec),
                 )
             )
     return out

@@ -56,7 +56,7 @@ def version_metrics(samples: Sequence[Sample], stage: str, trained_version: int)
     segs = _versioned(samples, stage)
     if not segs:
         return {}
-    counts = np.array([len(g.versions) for g in segs])  # type: ignore[arg-type]
+    counts = np.array([len(g.versions or ()) for g in segs])  # _versioned: every one has versions
     oldest = np.array([g.versions[0].version for g in segs])  # type: ignore[index]
     tokens = np.array([v for g in segs for v in g.token_versions() or []])
     return {

@@ -46,7 +46,7 @@ from unirl.distributed.weightsync import (
     is_adapter,
 )
 from unirl.distributed.weightsync.protocol import full_tensor
-from unirl.train.checkpoint import load_checkpoint, save_checkpoint
+from unirl.train.checkpoint import CheckpointFormat, load_checkpoint, save_checkpoint
 from unirl.train.stack import TrainStack
 from unirl.types import Part, Sample
 
@@ -193,11 +193,15 @@ class TrainWorker:
 
     # -- checkpoints (collective) ---------------------------------------------------------------
     def save(
-        self, path: str, extra: dict[str, Any], format: str = "full", files: dict[str, bytes] | None = None
+        self,
+        path: str,
+        extra: dict[str, Any],
+        format: CheckpointFormat = "full",
+        files: dict[str, bytes] | None = None,
     ) -> str:
         """Checkpoint ``format`` ('full' or 'sharded', see unirl.train.checkpoint) to ``path``, with
         the controller's extra ``files`` (e.g. the async buffer)."""
-        return str(save_checkpoint(path, self.backend, extra=extra, format=format, files=files))  # type: ignore[arg-type]  # checked there
+        return str(save_checkpoint(path, self.backend, extra=extra, format=format, files=files))
 
     def load(self, path: str) -> dict[str, Any]:
         return dict(load_checkpoint(path, self.backend))
