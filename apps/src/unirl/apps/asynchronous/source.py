@@ -10,8 +10,6 @@ run is the synchronous one, step for step.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -26,16 +24,10 @@ from unirl.apps.asynchronous.partial import MailboxSwap, oldest_version, version
 from unirl.rollout.ar.partial import PartialRollouts
 from unirl.rollout.engines import TrainsideEngine
 from unirl.types import Sample
+from unirl.types.faults import FAULT_ENV as FAULT_ENV  # re-exported: the tests' kill switch
+from unirl.types.faults import fault_point
 
 log = logging.getLogger("unirl")
-FAULT_ENV = "UNIRL_TEST_KILL_AT"
-"""Tests only: ``rollout:<slot>`` or ``train:<step>`` SIGKILLs this process at that point (a
-kill -9 that lands inside a rollout or inside a train step, without timing races)."""
-
-
-def fault_point(where: str, index: int) -> None:
-    if os.environ.get(FAULT_ENV) == f"{where}:{index}":
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class RolloutSide(Protocol):

@@ -33,6 +33,7 @@ from unirl.train.checkpoint import load_checkpoint, save_checkpoint
 from unirl.train.geometry import BatchGeometry
 from unirl.train.stack import TrainStack
 from unirl.types import Part, Reward, Sample, compute_sample_advantages
+from unirl.types.faults import fault_point
 
 log = logging.getLogger("unirl")
 SFT_PROBE_SEED = 104_729
@@ -74,6 +75,7 @@ class Trainer:
         self.checkpoint_rows: int | None = 0  # metrics rows the checkpoint resumed from had logged
         self.async_source: Any = None  # the async lifecycle's rollout thread + buffer, during RL
         self.async_state: tuple[dict[str, Any], bytes] | None = None  # its buffer, from a checkpoint
+        self._sft_algorithm: Any = None
 
     # ---- domain hooks -------------------------------------------------------------------------
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:
@@ -151,7 +153,7 @@ class Trainer:
             geometry = BatchGeometry(
                 micro_batch_size=min(phase.micro_batch_size or phase.batch_size, per_rank)
             )
-            return TrainStack(self.backend, phase.algorithm.build(), self.pipeline, geometry)
+            return TrainStack(self.backend, self.sft_algorithm(), self.pipeline, geometry)
         if name == "rl":
             if self.algorithm is None:
                 raise ValueError(
@@ -159,6 +161,13 @@ class Trainer:
                 )
             return TrainStack(self.backend, self.algorithm, self.pipeline, phase.geometry)
         raise ValueError(f"phase={name!r} is not one of 'sft', 'rl'")
+
+    def sft_algorithm(self) -> Any:
+        """The SFT phase's StageAlgorithm, built once per process: a checkpoint saves (and a resume
+        restores) its generator, e.g. FlowSFT's t / noise draws (``checkpoints.run_extra``)."""
+        if self._sft_algorithm is None and self.cfg.sft is not None:
+            self._sft_algorithm = self.cfg.sft.algorithm.build()
+        return self._sft_algorithm
 
     def begin_phase(self, name: str, *, starting: bool = False) -> Callable[[list[Part]], dict[str, float]]:
         """The train step (parts -> metrics) of phase ``name``; a multi-worker layout overrides it."""
@@ -181,11 +190,16 @@ class Trainer:
             while self.sft_step < phase.steps and not stop.stop:
                 step = self.sft_step
                 m = train(self.sft_parts(phase.batch_size, step))
+                fault_point("sft", step)
                 self.run.log(step, m, phase="sft")
                 bar.advance(loss=m.get("loss", float("nan")))
                 self.sft_step += 1
                 if phase.stop is not None and self._sft_level_reached(phase.stop):
                     break
+                every = phase.checkpoint_every
+                # not after the last step: run_all saves the SFT result after its evaluation
+                if every and self.sft_step % every == 0 and self.sft_step < phase.steps:
+                    self.save()
         self._timed("sft", t0)
         self.after_phase("sft")
 
@@ -219,7 +233,7 @@ class Trainer:
         train_step = self.begin_phase("rl", starting=self.rl_step == 0)
         train = self.data.train_records()
         if phase.lifecycle == "async":  # a rollout thread fills a buffer; see unirl.apps.asynchronous
-            from unirl.apps.asynchronous.source import AsyncSource, fault_point
+            from unirl.apps.asynchronous.source import AsyncSource
 
             self.async_source = AsyncSource(self, phase, train, self.async_state, self.rollout_side())
         t0 = time.time()
@@ -229,10 +243,10 @@ class Trainer:
                     step = self.rl_step
                     src = self.async_source
                     samples, extra = src.next(step) if src else self.collect(phase, train, step)
-                    if src:
-                        fault_point("train", step)
+                    fault_point("train", step)
                     m = train_step([s.part(self.stage) for s in samples])
                     m |= self.after_train_step()
+                    fault_point("trained", step)
                     if src:
                         src.publish(step + 1)
                     rewards = [s.part(self.stage).reward.total for s in samples]
@@ -283,6 +297,7 @@ class Trainer:
                 dataset=self.data.name, tag=f"r{rounds}" if rounds else "",
             )  # fmt: skip
             batch = (rollout or self.rollout)(batch, step)
+            fault_point("sampled", step)
             self.reward.score_samples(batch, self.stage)
             self.shape_rewards([s.part(self.stage) for s in batch])
             for g in by_group(batch).values():
@@ -296,6 +311,7 @@ class Trainer:
         chosen = (kept + dropped)[:n]
         samples = [s for g in chosen for s in g]
         compute_sample_advantages(samples, self.stage, phase.advantage)
+        fault_point("scored", step)
         # groups_with_signal: of the first round's groups (before any refill), those whose rewards differ
         extra = {"groups_with_signal": signal / n}
         if ds is not None:

@@ -51,6 +51,9 @@ class SFTPhaseBase(BaseModel):
         "place of backend.scheduler for the phase; None keeps backend.scheduler",
     )
     micro_batch_size: int | None = Field(default=None, ge=1, description="default: batch_size")
+    checkpoint_every: int = Field(
+        default=0, ge=0, description="SFT steps between checkpoints (0 = at the end of SFT only)"
+    )
 
 
 class DynamicSamplingConfig(BaseModel):

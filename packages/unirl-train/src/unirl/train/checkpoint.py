@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from unirl.train import sharded_checkpoint as sharded
 from unirl.train.backends.base import TrainBackend
+from unirl.types.faults import fault_point
 
 FORMAT_VERSION = 1
 SHARDED_FORMAT_VERSION = 2
@@ -126,9 +127,10 @@ def save_checkpoint(
     except OSError as e:
         error = e
     _all_wrote(error, final, tmp, backend)
+    fault_point("ckpt_write", backend.global_step)
     try:
         if rank == 0:
-            _replace_dir(tmp, final)
+            _replace_dir(tmp, final, backend.global_step)
     except OSError as e:
         error = e
     _all_wrote(error, final, tmp, backend)
@@ -232,7 +234,8 @@ def _save_sharded(
                 "files": sharded.manifest(tmp, world),
             }
             (tmp / "meta.json").write_text(json.dumps(meta))  # last: its manifest marks completeness
-            _replace_dir(tmp, final)
+            fault_point("ckpt_write", backend.global_step)
+            _replace_dir(tmp, final, backend.global_step)
         except Exception as e:  # re-raised below once the other ranks know
             error = e
     if not sharded.all_ok(error is None, world):
@@ -323,7 +326,7 @@ def _load_sharded(path: Path, meta: dict[str, Any], backend: TrainBackend) -> di
     return json.loads((path / "extra.json").read_text())
 
 
-def _replace_dir(src: Path, dst: Path) -> None:
+def _replace_dir(src: Path, dst: Path, step: int) -> None:
     """Move `src` onto `dst`; an existing `dst` is moved aside first and deleted after, as are
     the leftovers of interrupted saves (`<dst>.tmp-*`) once the new checkpoint is in place."""
     old = dst.with_name(f"{dst.name}.old")
@@ -331,6 +334,7 @@ def _replace_dir(src: Path, dst: Path) -> None:
         if old.exists():
             shutil.rmtree(old)
         os.replace(dst, old)
+    fault_point("ckpt_swap", step)  # a kill here leaves only `<dst>.old` and `src`: both complete
     os.replace(src, dst)
     if old.exists():
         shutil.rmtree(old)

@@ -104,6 +104,15 @@ class DiffusionNFT:
         self._gen = torch.Generator().manual_seed(config.seed)
         self._draws: dict[int, _Draws] = {}
 
+    def get_rng_state(self) -> Tensor:
+        """The state of its t / noise generator: a checkpoint saves it, so a resumed run draws on
+        where the run stopped instead of from ``seed`` again."""
+        return self._gen.get_state()
+
+    def set_rng_state(self, state: Tensor) -> None:
+        """Inverse of ``get_rng_state``."""
+        self._gen.set_state(state)
+
     def set_old_policy(self, context: Callable[[], AbstractContextManager[Any]]) -> None:
         """A zero-argument callable returning a context in which the pipeline computes with the
         old (EMA) weights, e.g. ``backend.ema_weights``."""

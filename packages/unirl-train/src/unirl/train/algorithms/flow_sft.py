@@ -52,6 +52,15 @@ class FlowSFT:
         self.name: str = config.kind
         self._gen = torch.Generator().manual_seed(config.seed)
 
+    def get_rng_state(self) -> Tensor:
+        """The state of its t / noise generator: a checkpoint saves it, so a resumed run draws on
+        where the run stopped instead of from ``seed`` again."""
+        return self._gen.get_state()
+
+    def set_rng_state(self, state: Tensor) -> None:
+        """Inverse of ``get_rng_state``."""
+        self._gen.set_state(state)
+
     def prepare(self, parts: Sequence[Part], pipeline: Any) -> None:
         for p in parts:
             latent_segment(p, self.name)

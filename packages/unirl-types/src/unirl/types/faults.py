@@ -1,0 +1,38 @@
+"""Named fault points: where a test can kill -9 a run at a chosen place, without timing races.
+
+A run calls ``fault_point(where, index)`` at a few places (an SFT step, a rollout, a reward, a
+train step, inside a checkpoint write). Unless a test sets one of the two variables below it
+does nothing but read the environment.
+
+- ``UNIRL_TEST_KILL_AT=<where>:<index>`` SIGKILLs this process the first time that point is
+  reached: a real kill -9, no ``finally``, no flush.
+- ``UNIRL_TEST_FAULT_TRACE=<file>`` appends every point reached (``<where>:<index>``, one a
+  line) to the file: the list of points a kill sweep draws from (``scripts/kill_sweep.py``).
+
+Points (``index``): ``sft`` (SFT step, after its optimizer step, before it is logged),
+``rollout`` (async rollout slot, in the rollout thread), ``sampled`` / ``scored`` (RL step, after
+its rollout / after reward and advantages), ``train`` / ``trained`` (RL step, before / after its
+train step, before it is logged), ``ckpt_write`` (global step: every file of the checkpoint
+written, not yet renamed into place) and ``ckpt_swap`` (global step: the previous checkpoint
+moved aside, the new one not yet in its place).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+__all__ = ["FAULT_ENV", "TRACE_ENV", "fault_point"]
+
+FAULT_ENV = "UNIRL_TEST_KILL_AT"
+TRACE_ENV = "UNIRL_TEST_FAULT_TRACE"
+
+
+def fault_point(where: str, index: int) -> None:
+    """Tests only: trace and / or SIGKILL this process at point ``where:index`` (see the module)."""
+    trace = os.environ.get(TRACE_ENV)
+    if trace:
+        with open(trace, "a", encoding="utf-8") as f:
+            f.write(f"{where}:{index}\n")
+    if os.environ.get(FAULT_ENV) == f"{where}:{index}":
+        os.kill(os.getpid(), signal.SIGKILL)

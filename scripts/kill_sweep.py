@@ -1,0 +1,280 @@
+"""Seeded kill -9 sweep of a tiny CPU run: kill at N points, resume, compare with the whole run.
+
+One uninterrupted run of the recipe traces every fault point it passes (``unirl.types.faults``:
+SFT steps, rollout, reward, train steps, inside checkpoint writes). N points are drawn from that
+list with a seed, round-robin over the kinds of point so every kind is hit. For each point a run
+is started in a fresh directory with ``UNIRL_TEST_KILL_AT=<point>``, must die of SIGKILL there,
+and is then started again without it (the resume). It survives when
+
+- its final checkpoint is bit-identical to the whole run's: every tensor of ``state.pt`` (weights,
+  optimizer, EMA / reference, scheduler) and of ``rng-0.pt``, and every algorithm generator file;
+- ``extra.json`` is the same but for wall times (cursor, metrics row count, global RNGs, evals);
+- every SFT and RL step is logged exactly once and ``metrics.jsonl`` is the whole run's but for
+  wall times: each step's batch is a pure function of (seed, step), so a step logged once with
+  the whole run's loss means its Samples were trained once, none skipped. The number of Samples
+  trained is counted from the step rows (steps x batch) and printed.
+
+A partially written checkpoint is never picked: the points inside ``save_checkpoint`` kill after
+all files are written (not renamed) and between moving the old one aside and renaming the new
+one, and the resume must still end bit-identical.
+
+    .venv/bin/python scripts/kill_sweep.py --preset ar --points 20        # real `python -m unirl.apps.cli`
+    .venv/bin/python scripts/kill_sweep.py --preset shapes_nft --points 20
+    .venv/bin/python scripts/kill_sweep.py --preset ar --points 4 --launcher fork   # forked children: fast
+
+``--launcher spawn`` (default) runs ``python -m unirl.apps.cli train`` in a subprocess; ``fork``
+forks this process (imports already done) and calls ``unirl.apps.cli.main`` in the child; both
+end in a real SIGKILL of the run's process. Prints ``kill points survived: S / N``; exit 1 if S < N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FAULT_ENV = "UNIRL_TEST_KILL_AT"  # unirl.types.faults (not imported: the spawn launcher needs no torch here)
+TRACE_ENV = "UNIRL_TEST_FAULT_TRACE"
+_AR = ["device=cpu", "threads=1", "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
+       "model.tiny.intermediate_size=64", "sft.steps=4", "sft.batch_size=8", "sft.checkpoint_every=2",
+       "rl.steps=4", "rl.prompts_per_step=2", "rl.samples_per_prompt=4", "rl.geometry.micro_batch_size=8",
+       "eval.num_prompts=4", "eval.grid_size=0", "eval.every=0", "checkpoint_every=1"]  # fmt: skip
+_SHAPES = ["device=cpu", "threads=1", "sft.steps=6", "sft.batch_size=8", "sft.checkpoint_every=3",
+           "rl.steps=4", "rl.prompts_per_step=2", "rl.samples_per_prompt=4", "rl.geometry.micro_batch_size=8",
+           "rl.geometry.mini_batch_size=8", "eval.num_prompts=2", "eval.samples_per_prompt=1",
+           "eval.grid_size=0", "eval.every=0", "checkpoint_every=1"]  # fmt: skip
+PRESETS: dict[str, tuple[str, list[str]]] = {
+    "ar": ("arithmetic_grpo", _AR),
+    "shapes_nft": ("shapes_nft", _SHAPES),
+    "shapes_flowgrpo": ("shapes_flowgrpo", _SHAPES),
+}
+# wall-clock values that differ between any two runs
+_TIMES = ("time", "seconds", "_s")
+
+
+@dataclass
+class Outcome:
+    point: str
+    ok: bool
+    why: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def launch(recipe: str, overrides: list[str], run: Path, env: dict[str, str], launcher: str) -> int:
+    """One `unirl train` run; its return code (-9: killed by SIGKILL)."""
+    args = ["train", recipe, *overrides, "--run-dir", str(run)]
+    if launcher == "spawn":
+        full = {**os.environ, **env}
+        proc = subprocess.run([sys.executable, "-m", "unirl.apps.cli", *args], env=full, capture_output=True)
+        if proc.returncode not in (0, -9):
+            sys.stderr.write(proc.stderr.decode(errors="replace")[-3000:])
+        return proc.returncode
+    pid = os.fork()
+    if pid == 0:  # the child: the run, then exit without running the parent's atexit / finally
+        code = 1
+        try:
+            os.environ.update(env)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1), os.dup2(devnull, 2)
+            from unirl.apps import cli
+
+            code = cli.main(args)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def preload(recipe: str) -> None:
+    """The fork launcher: import what a run imports once, here, so each forked child skips it."""
+    import importlib
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+
+    from unirl.apps import cli
+
+    recipe_cfg = cli.load_dict(recipe)
+    importlib.import_module(f"unirl.apps.trainers.{recipe_cfg.get('trainer', 'diffusion')}")
+    importlib.import_module("unirl.apps.launch")
+
+
+def trace_points(recipe: str, overrides: list[str], run: Path, launcher: str) -> list[str]:
+    """Run uninterrupted into ``run``; the fault points it passed, in order, each once."""
+    trace = run.parent / f"{run.name}.trace"
+    rc = launch(recipe, overrides, run, {TRACE_ENV: str(trace)}, launcher)
+    if rc != 0:
+        raise SystemExit(f"the uninterrupted run failed (exit {rc}); see its output above")
+    return list(dict.fromkeys(trace.read_text().split()))
+
+
+def draw_points(points: list[str], n: int, seed: int) -> list[str]:
+    """``n`` distinct points, seeded, round-robin over kinds (``sft``, ``train``, ``ckpt_write``...)."""
+    rng = random.Random(seed)
+    kinds: dict[str, list[str]] = {}
+    for p in points:
+        kinds.setdefault(p.split(":")[0], []).append(p)
+    for pool in kinds.values():
+        rng.shuffle(pool)
+    order = sorted(kinds)
+    rng.shuffle(order)
+    chosen: list[str] = []
+    while len(chosen) < min(n, len(points)):
+        for k in order:
+            if kinds[k] and len(chosen) < n:
+                chosen.append(kinds[k].pop())
+    return chosen
+
+
+def _bits(t: Any) -> Any:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch_uint8())
+
+
+def torch_uint8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+def _equal(a: Any, b: Any, path: str, why: list[str]) -> None:
+    """Bitwise comparison of nested checkpoint state (tensors: dtype, shape and every bit)."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        same = (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(_bits(a), _bits(b))
+        )
+        if not same:
+            why.append(f"{path}: tensors differ")
+    elif isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            why.append(f"{path}: keys differ: {sorted(set(a) ^ set(b), key=str)[:5]}")
+        for k in set(a) & set(b):
+            _equal(a[k], b[k], f"{path}.{k}", why)
+    elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            why.append(f"{path}: lengths differ")
+        for i, (x, y) in enumerate(zip(a, b)):
+            _equal(x, y, f"{path}[{i}]", why)
+    elif a != b:
+        why.append(f"{path}: {a!r} != {b!r}")
+
+
+def _rows(run: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [{k: v for k, v in r.items() if not k.endswith(_TIMES)} for r in rows]
+
+
+def _untimed_extra(ckpt: Path) -> dict[str, Any]:
+    extra = json.loads((ckpt / "extra.json").read_text())
+    extra.get("report", {}).pop("timings", None)
+    return extra
+
+
+def compare(whole: Path, cut: Path) -> list[str]:
+    """What differs between the two runs' final checkpoints and metrics (empty: identical)."""
+    import torch
+
+    why: list[str] = []
+    a, b = whole / "checkpoints" / "latest", cut / "checkpoints" / "latest"
+    if not (b / "meta.json").is_file():
+        return [f"{b}: no complete final checkpoint"]
+    for name in ("state.pt", "rng-0.pt"):
+        _equal(torch.load(a / name, weights_only=True), torch.load(b / name, weights_only=True), name, why)
+    files_a = sorted(p.name for p in (a / "files").glob("*")) if (a / "files").is_dir() else []
+    files_b = sorted(p.name for p in (b / "files").glob("*")) if (b / "files").is_dir() else []
+    if files_a != files_b:
+        why.append(f"checkpoint files differ: {files_a} vs {files_b}")
+    why += [f"files/{n} differs" for n in files_a if n in files_b and (a / "files" / n).read_bytes()
+            != (b / "files" / n).read_bytes()]  # fmt: skip
+    _equal(_untimed_extra(a), _untimed_extra(b), "extra.json", why)
+    rows_a, rows_b = _rows(whole), _rows(cut)
+    for phase in ("sft", "rl"):
+        steps = [r["step"] for r in rows_b if r["phase"] == phase]
+        if steps != sorted(set(steps)) or steps != [r["step"] for r in rows_a if r["phase"] == phase]:
+            why.append(f"{phase} steps logged {steps}: one twice, skipped or out of order")
+    if rows_a != rows_b:
+        why.append("metrics.jsonl differs from the uninterrupted run's (wall times aside)")
+    return why
+
+
+def trained_samples(run: Path, overrides: list[str]) -> dict[str, int]:
+    """Samples trained per phase: steps logged x batch (from the run's resolved config.yaml)."""
+    import yaml
+
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    rows = _rows(run)
+    per = {
+        "sft": cfg["sft"]["batch_size"],
+        "rl": cfg["rl"]["prompts_per_step"] * cfg["rl"]["samples_per_prompt"],
+    }
+    return {ph: per[ph] * sum(r["phase"] == ph for r in rows) for ph in per}
+
+
+def sweep(recipe: str, overrides: list[str], n: int, seed: int, launcher: str, work: Path) -> list[Outcome]:
+    whole = work / "whole"
+    if launcher == "fork":
+        preload(recipe)
+    points = trace_points(recipe, overrides, whole, launcher)
+    chosen = draw_points(points, n, seed)
+    print(
+        f"{recipe}: {len(points)} fault points traced; {len(chosen)} drawn (seed {seed}): {' '.join(chosen)}"
+    )
+    print(f"whole run trained {trained_samples(whole, overrides)} samples")
+    outcomes = []
+    for i, point in enumerate(chosen):
+        run, t0 = work / f"cut{i:02d}", time.time()
+        rc = launch(recipe, overrides, run, {FAULT_ENV: point}, launcher)
+        why = [] if rc == -9 else [f"the run was not killed at {point} (exit {rc})"]
+        if not why:
+            rc = launch(recipe, overrides, run, {}, launcher)
+            why = compare(whole, run) if rc == 0 else [f"the resumed run failed (exit {rc})"]
+        if not why and trained_samples(run, overrides) != trained_samples(whole, overrides):
+            why.append(
+                f"samples trained {trained_samples(run, overrides)} != {trained_samples(whole, overrides)}"
+            )
+        outcomes.append(Outcome(point, not why, why, time.time() - t0))
+        print(f"  {point:16s} {'survived' if not why else 'FAILED: ' + '; '.join(why[:4])} "
+              f"({outcomes[-1].seconds:.1f} s)", flush=True)  # fmt: skip
+        if not why:
+            shutil.rmtree(run, ignore_errors=True)
+    return outcomes
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="ar", help="recipe + tiny CPU overrides")
+    ap.add_argument("--points", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=23)
+    ap.add_argument("--launcher", choices=["spawn", "fork"], default="spawn")
+    ap.add_argument("--work", type=Path, default=None, help="run directories (default: a temporary one)")
+    ap.add_argument("overrides", nargs="*", help="extra recipe overrides (a.b=value)")
+    args = ap.parse_args(argv)
+    recipe, overrides = PRESETS[args.preset]
+    overrides = [*overrides, *args.overrides]
+    work = args.work or Path(tempfile.mkdtemp(prefix="kill_sweep-"))
+    t0 = time.time()
+    outcomes = sweep(recipe, overrides, args.points, args.seed, args.launcher, work)
+    survived = sum(o.ok for o in outcomes)
+    print(f"kill points survived: {survived} / {len(outcomes)} ({recipe}, {args.launcher}, "
+          f"{time.time() - t0:.0f} s; runs in {work})")  # fmt: skip
+    return 0 if survived == len(outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
