@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -59,6 +60,13 @@ def parse_counts(log: str) -> dict[str, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--streams", type=int, default=int(os.environ.get("UNIRL_TEST_STREAMS", "2")))
+    ap.add_argument(
+        "--deadline-min",
+        type=float,
+        default=float(os.environ.get("UNIRL_SUITE_DEADLINE_MIN", "60")),
+        help="kill every stream still running after this many minutes and print where each stood "
+        "(CI allows 90; a hang must report itself, not eat the whole allowance)",
+    )
     ap.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
     args = ap.parse_args()
     sessions = [s for stream in STREAMS for s in stream]
@@ -77,10 +85,23 @@ def main() -> int:
         if args.pytest_args:
             cmd += ["--", *args.pytest_args]
         print(f"[suite] stream {i}: {' '.join(stream)} -> {log.name}", flush=True)
-        procs.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log, i))
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        procs.append((proc, log, i))
     codes = []
     for p, log, i in procs:
-        codes.append(p.wait())
+        left = args.deadline_min * 60 - (time.time() - t0)
+        try:
+            codes.append(p.wait(timeout=max(left, 1.0)))
+        except subprocess.TimeoutExpired:
+            # The whole process group: nox, pytest, its Ray workers, spawned ranks and servers.
+            os.killpg(p.pid, signal.SIGKILL)
+            codes.append(p.wait())
+            print(f"[suite] stream {i} passed the {args.deadline_min:.0f} min deadline: killed", flush=True)
+            with Path(log.name).open("a") as f:
+                f.write(f"\n[suite] KILLED at the {args.deadline_min:.0f} min deadline; the last test named "
+                        "above is where it stood (faulthandler_timeout dumps stacks of a test over 15 min)\n")
         log.close()
         print(f"[suite] stream {i} exited {codes[-1]} after {time.time() - t0:.0f} s", flush=True)
     totals: dict[str, int] = {}

@@ -23,8 +23,7 @@ torch generator, not the global one the checkpoint's ``rng-<rank>.pt`` holds): r
 
 def _drawing_algorithms(trainer: Any) -> dict[str, Any]:
     """phase -> the algorithm of that phase that has its own generator (``get_rng_state``)."""
-    sft = trainer.sft_algorithm() if hasattr(trainer, "sft_algorithm") else None
-    algs = {"sft": sft, "rl": getattr(trainer, "algorithm", None)}
+    algs = {"sft": trainer.sft_algorithm(), "rl": trainer.algorithm}
     return {phase: a for phase, a in algs.items() if hasattr(a, "get_rng_state")}
 
 

@@ -289,6 +289,10 @@ class PETrainer(Trainer):
             "diffusion/groups_with_signal": signal_fraction(children, DIFFUSION),
         }
 
+    def sft_algorithm(self) -> None:
+        """No one SFT algorithm (each side builds its own per SFT phase); its draws are not checkpointed yet."""
+        return None
+
     def begin_phase(self, name: str, *, starting: bool = False) -> Any:
         if name != "rl":
             raise ValueError(f"PETrainer.begin_phase({name!r}): its SFT runs in sft()")

@@ -37,19 +37,25 @@ class SFTStopConfig(BaseModel):
     samples_per_prompt: int = Field(default=2, ge=1)
 
 
-class SFTPhaseBase(BaseModel):
-    """Supervised warm-start on the data source's (prompt, target) pairs."""
+class PhaseLR(BaseModel):
+    """A phase's learning rate and schedule (``apply_phase_lr`` puts them on the optimizer)."""
 
     model_config = STRICT
-    steps: int = Field(ge=0, description="optimizer steps (the most, with `stop`); 0 skips the phase")
-    stop: SFTStopConfig | None = Field(default=None, description="end SFT at a level on training prompts")
-    batch_size: int = Field(ge=1)
     lr: float | None = Field(default=None, gt=0, description="overrides backend.optimizer.lr for this phase")
     scheduler: ScheduleConfig | None = Field(
         default=None,
         description="the LR schedule over this phase's own steps (step 0 = the phase's first), in "
         "place of backend.scheduler for the phase; None keeps backend.scheduler",
     )
+
+
+class SFTPhaseBase(PhaseLR):
+    """Supervised warm-start on the data source's (prompt, target) pairs."""
+
+    model_config = STRICT
+    steps: int = Field(ge=0, description="optimizer steps (the most, with `stop`); 0 skips the phase")
+    stop: SFTStopConfig | None = Field(default=None, description="end SFT at a level on training prompts")
+    batch_size: int = Field(ge=1)
     micro_batch_size: int | None = Field(default=None, ge=1, description="default: batch_size")
     checkpoint_every: int = Field(
         default=0, ge=0, description="SFT steps between checkpoints (0 = at the end of SFT only)"
@@ -67,7 +73,7 @@ class DynamicSamplingConfig(BaseModel):
     )
 
 
-class RLPhase(BaseModel):
+class RLPhase(PhaseLR):
     """RL: rollout -> reward -> advantage -> train, ``steps`` times."""
 
     model_config = STRICT
@@ -77,12 +83,6 @@ class RLPhase(BaseModel):
     algorithm: AlgorithmConfig
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     geometry: BatchGeometry
-    lr: float | None = Field(default=None, gt=0, description="overrides backend.optimizer.lr for this phase")
-    scheduler: ScheduleConfig | None = Field(
-        default=None,
-        description="the LR schedule over this phase's own steps (step 0 = the phase's first), in "
-        "place of backend.scheduler for the phase; None keeps backend.scheduler",
-    )
     dynamic_sampling: DynamicSamplingConfig | None = None
     reset_optimizer: bool = Field(
         default=False,

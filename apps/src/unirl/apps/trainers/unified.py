@@ -156,6 +156,10 @@ class UnifiedTrainer(Trainer):
             )
         return text + image
 
+    def sft_algorithm(self) -> None:
+        """No one SFT algorithm (each track builds its own); its draws are not checkpointed yet."""
+        return None
+
     def begin_phase(self, name: str, *, starting: bool = False) -> Any:
         if name == "sft":
             phase = self.cfg.sft
