@@ -160,7 +160,7 @@ def tests_vllm(session: nox.Session) -> None:
 @nox.session
 def layers(session: nox.Session) -> None:
     """The dependency rule of DESIGN.md (imports and declared dependencies), checked statically."""
-    session.install("pytest")
+    session.install("pytest", "pytest-timeout")
     session.run("python", "-m", "pytest", "tests", *PYTEST_ARGS, *session.posargs)
 
 

@@ -69,12 +69,23 @@ class Outcome:
     seconds: float = 0.0
 
 
-def launch(recipe: str, overrides: list[str], run: Path, env: dict[str, str], launcher: str) -> int:
-    """One `unirl train` run; its return code (-9: killed by SIGKILL)."""
+def launch(
+    recipe: str, overrides: list[str], run: Path, env: dict[str, str], launcher: str, timeout_s: float = 600.0
+) -> int:
+    """One `unirl train` run; its return code (-9: killed by SIGKILL; 124: over ``timeout_s``, killed)."""
     args = ["train", recipe, *overrides, "--run-dir", str(run)]
     if launcher == "spawn":
         full = {**os.environ, **env}
-        proc = subprocess.run([sys.executable, "-m", "unirl.apps.cli", *args], env=full, capture_output=True)
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "unirl.apps.cli", *args],
+                env=full,
+                capture_output=True,
+                timeout=timeout_s,
+            )
+        except subprocess.TimeoutExpired:
+            print(f"  the run in {run} passed {timeout_s:.0f} s: killed", file=sys.stderr, flush=True)
+            return 124
         if proc.returncode not in (0, -9):
             sys.stderr.write(proc.stderr.decode(errors="replace")[-3000:])
         return proc.returncode
@@ -90,8 +101,17 @@ def launch(recipe: str, overrides: list[str], run: Path, env: dict[str, str], la
             code = cli.main(args)
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    deadline = time.monotonic() + timeout_s
+    while True:  # a forked child that hangs (a lock some thread held at fork) must not hang the sweep
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            print(f"  the forked run in {run} passed {timeout_s:.0f} s: killed", file=sys.stderr, flush=True)
+            return 124
+        time.sleep(0.05)
 
 
 def preload(recipe: str) -> None:
@@ -226,12 +246,19 @@ def trained_samples(run: Path, overrides: list[str]) -> dict[str, int]:
     return {ph: per[ph] * sum(r["phase"] == ph for r in rows) for ph in per}
 
 
-def sweep(recipe: str, overrides: list[str], n: int, seed: int, launcher: str, work: Path) -> list[Outcome]:
+def sweep(
+    recipe: str, overrides: list[str], n: int | list[str], seed: int, launcher: str, work: Path
+) -> list[Outcome]:
+    """Kill at ``n`` seeded points (or at the named ones), resume each, compare with the whole run."""
     whole = work / "whole"
     if launcher == "fork":
         preload(recipe)
     points = trace_points(recipe, overrides, whole, launcher)
-    chosen = draw_points(points, n, seed)
+    chosen = draw_points(points, n, seed) if isinstance(n, int) else n
+    if missing := [p for p in chosen if p not in points]:
+        raise SystemExit(
+            f"--at {' '.join(missing)}: not reached by the whole run (it passed {' '.join(points)})"
+        )
     print(
         f"{recipe}: {len(points)} fault points traced; {len(chosen)} drawn (seed {seed}): {' '.join(chosen)}"
     )
@@ -260,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="ar", help="recipe + tiny CPU overrides")
     ap.add_argument("--points", type=int, default=20)
+    ap.add_argument("--at", nargs="+", default=None, help="these fault points instead of --points drawn ones")
     ap.add_argument("--seed", type=int, default=23)
     ap.add_argument("--launcher", choices=["spawn", "fork"], default="spawn")
     ap.add_argument("--work", type=Path, default=None, help="run directories (default: a temporary one)")
@@ -269,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [*overrides, *args.overrides]
     work = args.work or Path(tempfile.mkdtemp(prefix="kill_sweep-"))
     t0 = time.time()
-    outcomes = sweep(recipe, overrides, args.points, args.seed, args.launcher, work)
+    outcomes = sweep(recipe, overrides, args.at or args.points, args.seed, args.launcher, work)
     survived = sum(o.ok for o in outcomes)
     print(f"kill points survived: {survived} / {len(outcomes)} ({recipe}, {args.launcher}, "
           f"{time.time() - t0:.0f} s; runs in {work})")  # fmt: skip

@@ -100,8 +100,10 @@ def main() -> int:
             codes.append(p.wait())
             print(f"[suite] stream {i} passed the {args.deadline_min:.0f} min deadline: killed", flush=True)
             with Path(log.name).open("a") as f:
-                f.write(f"\n[suite] KILLED at the {args.deadline_min:.0f} min deadline; the last test named "
-                        "above is where it stood (faulthandler_timeout dumps stacks of a test over 15 min)\n")
+                f.write(
+                    f"\n[suite] KILLED at the {args.deadline_min:.0f} min deadline; the last test named "
+                    "above is where it stood (faulthandler_timeout dumps stacks of a test over 15 min)\n"
+                )
         log.close()
         print(f"[suite] stream {i} exited {codes[-1]} after {time.time() - t0:.0f} s", flush=True)
     totals: dict[str, int] = {}

@@ -66,6 +66,20 @@ def test_phase_scheduler_counts_the_phase_steps_and_starts_where_told() -> None:
     assert sched.state_dict()["last_epoch"] == 5
 
 
+def test_a_scheduler_rebuilt_at_a_resume_cursor_has_the_stepped_ones_state() -> None:
+    # resume == uninterrupted: the checkpoint compare sees the whole state_dict, _step_count too
+    cosine = CosineSchedule(total_steps=6, min_lr_ratio=0.1)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = AdamWConfig(lr=0.2).build([p], torch.device("cpu"))
+    stepped = phase_scheduler(opt, cosine, 1e-2, step=0)
+    for _ in range(3):
+        opt.step()
+        stepped.step()
+    rebuilt = phase_scheduler(AdamWConfig(lr=0.2).build([p], torch.device("cpu")), cosine, 1e-2, step=3)
+    assert rebuilt.state_dict() == stepped.state_dict() | {"lr_lambdas": rebuilt.state_dict()["lr_lambdas"]}
+    assert rebuilt.state_dict()["_step_count"] == 4
+
+
 def test_schedule_union_selects_by_kind_and_rejects_typos() -> None:
     ta = TypeAdapter(ScheduleConfig)
     assert isinstance(ta.validate_python({"kind": "cosine", "total_steps": 10}), CosineSchedule)

@@ -120,7 +120,13 @@ def build_scheduler(
     """A LambdaLR whose factor at its `last_epoch` k is `schedule.factor(k)`, at k = `start`
     (> 0 needs each param group's ``initial_lr``, as torch's schedulers do)."""
     # A plain function (not a bound method) keeps LambdaLR.state_dict() free of objects.
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: schedule.factor(k), last_epoch=start - 1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: schedule.factor(k), last_epoch=start - 1
+    )
+    # As if stepped from 0: a scheduler rebuilt at a resumed phase's cursor then has the state
+    # (``_step_count`` included) of the one the uninterrupted run stepped there.
+    scheduler._step_count = start + 1
+    return scheduler
 
 
 def set_base_lr(
