@@ -355,6 +355,16 @@ class PETrainer(Trainer):
             s.ensure_part(AR).sampling_params = params
         return self.engine.generate(samples, rollout_step=0)
 
+    def measure(self, records: Any, samples_per_prompt: int) -> Any:
+        """The base measure, plus ``rewrite_exact``: the fraction of enhanced prompts that are the
+        canonical caption (what the renderer was trained on), so a gain can be told apart from
+        the rewrites it comes from."""
+        samples, scored, outcomes, m = super().measure(records, samples_per_prompt)
+        if not (self.unenhanced or self.oracle):
+            exact = [s.part(AR).text.strip() == str(s.metadata.answer) for s in samples]
+            m["rewrite_exact"] = float(np.mean(exact)) if exact else 0.0
+        return samples, scored, outcomes, m
+
     def evaluate(self, name: str, *, step: int, grid: bool = False) -> dict[str, float]:
         m = super().evaluate(name, step=step, grid=grid)
         base = name in ("sft", "eval") or (name == "rl" and self.cfg.diffusion.rl is not None)
