@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from unirl.rollout.noise import initial_noise, noise_key, stable_seed
+from unirl.rollout.noise import initial_noise, noise_key, sde_noise_key, stable_seed
 
 
 def test_same_key_same_noise_regardless_of_batch() -> None:
@@ -19,10 +20,22 @@ def test_same_key_same_noise_regardless_of_batch() -> None:
 
 
 def test_group_key_shares_noise() -> None:
-    k1 = noise_key("s1", "g", same_noise_per_group=True)
-    k2 = noise_key("s2", "g", same_noise_per_group=True)
+    k1 = noise_key("s1", "g", "group")
+    k2 = noise_key("s2", "g", "group")
     assert k1 == k2 == "group:g"
-    assert noise_key("s1", "g", same_noise_per_group=False) == "sample:s1"
+    assert noise_key("s1", "g") == "sample:s1"
+
+
+def test_cousins_share_start_and_sde_noise_by_child_index() -> None:
+    # children c0, c1 of rewrites g/0 and g/1 (expand_children's ids): c0 of both share a key
+    keys = {(k, j): noise_key(f"g/{k}/c{j}", f"g/{k}", "cousins") for k in range(2) for j in range(2)}
+    assert keys[0, 0] == keys[1, 0] == "cousins:g/c0" and keys[0, 1] == keys[1, 1] != keys[0, 0]
+    assert sde_noise_key("g/0/c1", "g/0", "cousins") == sde_noise_key("g/1/c1", "g/1", "cousins")
+    assert sde_noise_key("g/0/c1", "g/0", "group") == "sample:g/0/c1"  # group: x_T only
+    with pytest.raises(ValueError, match="scope='cousins'.*'s1' in group 'g'"):
+        noise_key("s1", "g", "cousins")
+    with pytest.raises(ValueError, match="noise.scope='prompt'"):
+        noise_key("s1", "g", "prompt")
 
 
 def test_stable_seed_is_pinned() -> None:

@@ -15,10 +15,11 @@ fixed instrument the enhancer writes for.
 from __future__ import annotations
 
 import random
+import re
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from unirl.apps.loop import PromptRecord
 from unirl.apps.worlds.shapes import ShapesWorld, ShapesWorldConfig
@@ -45,6 +46,7 @@ RELATION_FORMS: dict[str, tuple[str, ...]] = {
     "below": ("below", "under"),
 }
 PREFIXES: tuple[str, ...] = ("", "draw ", "pic of ", "pls ")
+_FORM_TABLES = (COUNT_FORMS, COLOUR_FORMS, SHAPE_FORMS, RELATION_FORMS)
 CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789 ="
 """Every character a noisy prompt, a canonical caption or the prompt template ('{prompt}=') uses."""
 
@@ -62,6 +64,19 @@ def noisy_group(group: ObjectGroup, rng: random.Random) -> str:
     if form == 1:
         return f"{col} {shp} x{group.count}"
     return f"{shp} {col} {n}"
+
+
+def caption_words(count: int) -> set[str]:
+    """The canonical words (count word, colours, shapes, relations) of captions with groups of ``count``."""
+    spec = ShapesSpec(groups=[ObjectGroup(count=count, colour="red", shape="circle")])
+    return {spec_to_caption(spec).split()[0]} | {
+        w for table in (COLOUR_FORMS, SHAPE_FORMS, RELATION_FORMS) for w in table
+    }
+
+
+def uses_form(prompt: str, form: str) -> bool:
+    """Whether ``prompt`` contains the user form ``form`` as a word (or its plural, ``form + 's'``)."""
+    return re.search(rf"(?<![a-z0-9]){re.escape(form)}s?(?![a-z0-9])", prompt) is not None
 
 
 def noisy_prompt(spec: ShapesSpec, variant: int, key: str = "pe-v1") -> str:
@@ -92,11 +107,30 @@ class ShapesParaphraseDataConfig(BaseModel):
     max_count_single: int = Field(default=3, ge=1, le=3)
     max_count_pair: int = Field(default=1, ge=1, le=2)
     include_pairs: bool = Field(default=False, description="relation captions too (a longer rewrite)")
+    sft_unseen_forms: tuple[str, ...] = Field(
+        default=(),
+        description="user words (e.g. 'trio', 'box') no SFT rewrite pair contains: the SFT pairs skip "
+        "every training prompt that uses one (as a word, plural included), while RL (reward only, no "
+        "rewrite labels) and evaluation see every prompt; each must be a form of COUNT/COLOUR/SHAPE/"
+        "RELATION_FORMS that is not the canonical word itself",
+    )
+
+    @field_validator("sft_unseen_forms")
+    @classmethod
+    def _known_forms(cls, forms: tuple[str, ...]) -> tuple[str, ...]:
+        canonical = {w for c in COUNT_FORMS for w in caption_words(c)}
+        allowed = {f for table in _FORM_TABLES for fs in table.values() for f in fs} - canonical
+        bad = [f for f in forms if f not in allowed]
+        if bad:
+            raise ValueError(
+                f"sft_unseen_forms={bad} are not non-canonical user forms; pick from {sorted(allowed)}"
+            )
+        return forms
 
     def build(self) -> ShapesParaphraseSource:
         world = ShapesWorld(
             ShapesWorldConfig(
-                **self.model_dump(exclude={"kind", "variants_per_spec", "held_out_fraction", "split_seed"}),
+                **self.model_dump(exclude={"kind", "variants_per_spec", "held_out_fraction", "split_seed", "sft_unseen_forms"}),
                 split_seed=self.split_seed,
             )
         )
@@ -127,6 +161,14 @@ class ShapesParaphraseSource:
     def train_records(self) -> list[PromptRecord]:
         return list(self._split["train"])
 
+    def sft_records(self) -> list[PromptRecord]:
+        """The training prompts with a rewrite label: those using none of ``sft_unseen_forms``."""
+        unseen = self.cfg.sft_unseen_forms
+        recs = [r for r in self._split["train"] if not any(uses_form(r.prompt, f) for f in unseen)]
+        if not recs:
+            raise ValueError(f"data.sft_unseen_forms={list(unseen)} leaves no SFT pair; name fewer forms")
+        return recs
+
     def eval_records(self) -> list[PromptRecord]:
         """Held-out user prompts in a fixed shuffled order (a prefix is a fair subset)."""
         recs = self._split["held_out"]
@@ -135,7 +177,7 @@ class ShapesParaphraseSource:
 
     def sft_pairs(self, n: int, *, seed: int, step: int) -> list[tuple[str, str]]:
         """``n`` (noisy prompt, canonical caption) training pairs, seeded by ``(seed, step)``."""
-        train = self._split["train"]
+        train = self.sft_records()
         rng = np.random.default_rng([seed, step, 17])
         return [(train[int(i)].prompt, str(train[int(i)].answer)) for i in rng.integers(len(train), size=n)]
 

@@ -24,6 +24,7 @@ __all__ = [
     "initial_noise",
     "noise_generator",
     "noise_key",
+    "sde_noise_key",
     "stable_seed",
 ]
 
@@ -34,9 +35,29 @@ def stable_seed(seed: int, key: str, stream: str = "init") -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def noise_key(sample_id: str, group_id: str, *, same_noise_per_group: bool) -> str:
-    """The key x_T is drawn from: the group id (shared noise within a group) or the sample id."""
-    return f"group:{group_id}" if same_noise_per_group else f"sample:{sample_id}"
+def noise_key(sample_id: str, group_id: str, scope: str = "sample") -> str:
+    """The key x_T is drawn from (``NoiseRecipe.scope``): the sample id, the group id (shared noise
+    within a group) or, for ``"cousins"``, the parents' group and the child's index: child
+    ``<g>/<k>/c<j>`` of group ``<g>/<k>`` draws from ``cousins:<g>/c<j>`` for every ``k``."""
+    if scope == "sample":
+        return f"sample:{sample_id}"
+    if scope == "group":
+        return f"group:{group_id}"
+    if scope == "cousins":
+        parents_group, sep, _ = group_id.rpartition("/")
+        child = sample_id.removeprefix(group_id + "/")
+        if not sep or child == sample_id:
+            raise ValueError(
+                f"noise.scope='cousins' needs child ids '<group>/<k>/c<j>' in group '<group>/<k>' "
+                f"(expand_children's); got sample {sample_id!r} in group {group_id!r}: use scope 'sample'"
+            )
+        return f"cousins:{parents_group}/{child}"
+    raise ValueError(f"noise.scope={scope!r} is not one of 'sample', 'group', 'cousins'")
+
+
+def sde_noise_key(sample_id: str, group_id: str, scope: str = "sample") -> str:
+    """The key of the per-step SDE noise: the sample's own, but shared by cousins (``noise_key``)."""
+    return noise_key(sample_id, group_id, scope) if scope == "cousins" else f"sample:{sample_id}"
 
 
 def noise_generator(seed: int, key: str, stream: str = "init") -> torch.Generator:

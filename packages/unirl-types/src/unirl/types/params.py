@@ -19,11 +19,15 @@ class NoiseRecipe(SchemaModel):
     """How the initial noise x_T is drawn: on CPU, fp32, from ``(seed, id)``.
 
     ``scope="group"`` gives every sibling of a prompt the same starting noise (their trajectories
-    then differ only through the SDE noise); ``"sample"`` gives each sample its own.
+    then differ only through the SDE noise); ``"sample"`` gives each sample its own; ``"cousins"``
+    (children of a staged pipeline, ids ``<prompt group>/<k>/c<j>``) gives child ``j`` of every
+    sibling parent the same starting AND SDE noise: common random numbers, so the parents' rewards
+    (e.g. a prompt enhancer's rewrites, each credited with its renders) differ by the parent, not
+    by the noise.
     """
 
     seed: int = Field(default=0, ge=0)
-    scope: Literal["sample", "group"] = "sample"
+    scope: Literal["sample", "group", "cousins"] = "sample"
 
 
 class DiffusionSamplingParams(SchemaModel):

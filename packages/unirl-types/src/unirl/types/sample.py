@@ -16,7 +16,7 @@ from unirl.types.reward import Reward
 from unirl.types.segment import Segment
 from unirl.types.tensor import Tensor
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Bump when the schema changes; unirl/types/sample.schema.json is its committed snapshot.
 2: ``TextSegment.versions`` (partial rollouts: the policy version of each span of tokens)."""
 

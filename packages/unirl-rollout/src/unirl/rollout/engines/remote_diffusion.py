@@ -161,7 +161,7 @@ class RemoteDiffusionEngine(abc.ABC):
                 f"(set it on the Part or pass default_params=); got {type(params).__name__}"
             )
         params = self.pin(params)
-        key = noise_key(s.id, s.group_id, same_noise_per_group=params.noise.scope == "group")
+        key = noise_key(s.id, s.group_id, params.noise.scope)
         prompt = s.part(self.prompt_part).text if self.prompt_part else s.prompt
         return RolloutRequest(
             sample_id=s.id,

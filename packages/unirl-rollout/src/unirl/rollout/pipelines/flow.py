@@ -33,7 +33,7 @@ from unirl.rollout.models.base import (
     pad_to_length,
     stack_conditions,
 )
-from unirl.rollout.noise import FrameNoise, initial_noise, noise_generator, noise_key
+from unirl.rollout.noise import FrameNoise, initial_noise, noise_generator, noise_key, sde_noise_key
 from unirl.rollout.schedules import static_shifted_sigmas
 from unirl.rollout.sde import SDEStrategy, StepResult, get_strategy, ode_step
 from unirl.types import (
@@ -172,16 +172,14 @@ class FlowMatchPipeline:
         conditions = self._encode(members, params)
         shape = latent_shape(params, self.bundle)
         video = params.num_frames is not None
-        keys = [
-            noise_key(s.id, s.group_id, same_noise_per_group=params.noise.scope == "group")
-            for s, _, _ in members
-        ]
+        keys = [noise_key(s.id, s.group_id, params.noise.scope) for s, _, _ in members]
+        sde_keys = [sde_noise_key(s.id, s.group_id, params.noise.scope) for s, _, _ in members]
         frame_axis = 1 if video else None  # [C, F, h, w]
         x = initial_noise(shape, seed=params.noise.seed, keys=keys, frame_axis=frame_axis).to(dev)
         step_gens: list[torch.Generator] | list[FrameNoise] = (
-            [FrameNoise(params.noise.seed, f"sample:{s.id}", shape, 1, stream="sde") for s, _, _ in members]
+            [FrameNoise(params.noise.seed, k, shape, 1, stream="sde") for k in sde_keys]
             if video
-            else [noise_generator(params.noise.seed, f"sample:{s.id}", stream="sde") for s, _, _ in members]
+            else [noise_generator(params.noise.seed, k, stream="sde") for k in sde_keys]
         )
         sigmas = torch.tensor(params.sigmas, dtype=torch.float32, device=dev).expand(B, T + 1)
 

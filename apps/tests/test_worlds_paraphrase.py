@@ -1,0 +1,38 @@
+"""The prompt-enhancer world: noisy user prompts -> canonical captions, and the SFT pairs' vocabulary."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from unirl.apps.worlds.shapes_paraphrase import ShapesParaphraseDataConfig, uses_form
+
+
+def test_uses_form_matches_whole_words_and_plurals() -> None:
+    assert uses_form("draw 2 b boxs", "box") and uses_form("draw 2 b boxs", "b")
+    assert not uses_form("blu sq", "b")  # a prefix of another word is not the form
+    assert not uses_form("pic of r box x3", "3")  # the "x3" form is not the count word "3"
+    assert uses_form("a dot", "a") and not uses_form("pair", "a")
+
+
+def test_unseen_forms_leave_the_sft_pairs_and_stay_in_rl_and_eval() -> None:
+    forms = ("trio", "box", "b")
+    plain = ShapesParaphraseDataConfig().build()
+    cut = ShapesParaphraseDataConfig(sft_unseen_forms=forms).build()
+    # RL's prompts and the held-out ones are the same with or without the option
+    assert [r.prompt for r in cut.train_records()] == [r.prompt for r in plain.train_records()]
+    assert [r.prompt for r in cut.eval_records()] == [r.prompt for r in plain.eval_records()]
+    sft = cut.sft_records()
+    assert 0 < len(sft) < len(cut.train_records())
+    assert not any(uses_form(r.prompt, f) for r in sft for f in forms)
+    assert any(uses_form(r.prompt, "trio") for r in cut.eval_records())
+    pairs = cut.sft_pairs(256, seed=0, step=3)
+    assert {p for p, _ in pairs} <= {r.prompt for r in sft}
+    assert pairs == cut.sft_pairs(256, seed=0, step=3)  # a pure function of (seed, step)
+
+
+def test_unseen_forms_must_be_user_forms_not_canonical_words() -> None:
+    with pytest.raises(ValidationError, match=r"sft_unseen_forms=\['three'\].*pick from"):
+        ShapesParaphraseDataConfig(sft_unseen_forms=("three",))
+    with pytest.raises(ValidationError, match="sft_unseen_forms"):
+        ShapesParaphraseDataConfig(sft_unseen_forms=("trio", "purple"))
