@@ -130,7 +130,15 @@ class ShapesParaphraseDataConfig(BaseModel):
     def build(self) -> ShapesParaphraseSource:
         world = ShapesWorld(
             ShapesWorldConfig(
-                **self.model_dump(exclude={"kind", "variants_per_spec", "held_out_fraction", "split_seed", "sft_unseen_forms"}),
+                **self.model_dump(
+                    exclude={
+                        "kind",
+                        "variants_per_spec",
+                        "held_out_fraction",
+                        "split_seed",
+                        "sft_unseen_forms",
+                    }
+                ),
                 split_seed=self.split_seed,
             )
         )
