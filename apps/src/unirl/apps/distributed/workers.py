@@ -30,6 +30,7 @@ import torch
 from unirl.apps.loop import pick_device
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.ar_config import Recipe as ARRecipe
+from unirl.apps.trainers.checkpoints import algorithm_rng_files, restore_algorithm_rngs
 from unirl.apps.trainers.components import PolicyRecipe
 from unirl.apps.trainers.diffusion_config import Recipe as DiffusionRecipe
 from unirl.distributed.codec import Checksum
@@ -203,8 +204,16 @@ class TrainWorker:
         the controller's extra ``files`` (e.g. the async buffer)."""
         return str(save_checkpoint(path, self.backend, extra=extra, format=format, files=files))
 
+    def algorithm_rng_files(self) -> dict[str, bytes]:
+        """This rank's algorithms' generator states (FlowSFT, DiffusionNFT), as checkpoint files
+        named with its rank: the controller saves them with the checkpoint."""
+        return algorithm_rng_files(self.trainer, self.info.rank)
+
     def load(self, path: str) -> dict[str, Any]:
-        return dict(load_checkpoint(path, self.backend))
+        """Restore the backend, this rank's RNGs and its algorithms' generators from ``path``."""
+        extra = dict(load_checkpoint(path, self.backend))
+        restore_algorithm_rngs(self.trainer, path, self.info.rank)
+        return extra
 
 
 def build_rollout(recipe: PolicyRecipe, stage: str, device: torch.device) -> tuple[Any, Any, torch.nn.Module]:
