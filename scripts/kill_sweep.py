@@ -64,13 +64,19 @@ _SHAPES = ["device=cpu", "threads=1", "sft.steps=6", "sft.batch_size=8", "sft.ch
 # the RL geometry is per rank (4 of the 8 Parts)
 _RAY = ["layout.kind=ray", "layout.placement=colocate", "layout.train_workers=2", "layout.rollout_workers=1",
         "layout.cpus_per_device=0.5", "layout.verify_weights=true", "rl.geometry.micro_batch_size=4"]  # fmt: skip
-_PE = ["device=cpu", "threads=1", "diffusion.sft.steps=4", "diffusion.sft.batch_size=8",
-       "diffusion.sft.checkpoint_every=2", "ar.sft.steps=4", "ar.sft.batch_size=8", "ar.sft.checkpoint_every=2",
-       "rl.steps=4", "rl.prompts_per_step=2", "rl.samples_per_prompt=4", "rl.images_per_rewrite=1",
-       "ar.rl.geometry.micro_batch_size=8", "diffusion.rl.algorithm.kind=flow_grpo",
-       "diffusion.rl.geometry.micro_batch_size=8", "eval.num_prompts=2", "eval.samples_per_prompt=1",
-       "eval.grid_size=0", "eval.every=0", "checkpoint_every=1"]  # fmt: skip
-_UNIFIED = ["device=cpu", "threads=1", "sft.steps=4", "sft.batch_size=8", "sft.checkpoint_every=2",
+# the prompt enhancer with both stacks trained in RL (GRPO, FlowGRPO), the models of test_pe_trainer;
+# a dense reward, so an untrained pair's samples differ and RL moves the weights
+_PE = ["device=cpu", "threads=1", "ar.model.tiny.hidden_size=32", "ar.model.tiny.intermediate_size=64",
+       "ar.model.tiny.num_layers=1", "ar.sampling.max_new_tokens=8", "diffusion.model.unet_channels=8",
+       "diffusion.model.unet_text_layers=1", "diffusion.sampling.num_steps=4", "reward.scorers.0.scorer.reward=score",
+       "diffusion.sft.steps=4", "diffusion.sft.batch_size=8", "diffusion.sft.checkpoint_every=2", "ar.sft.steps=4",
+       "ar.sft.batch_size=8", "ar.sft.checkpoint_every=2", "rl.steps=4", "rl.prompts_per_step=2",
+       "rl.samples_per_prompt=4", "rl.images_per_rewrite=1", "ar.rl.geometry.micro_batch_size=8",
+       "diffusion.rl.algorithm.kind=flow_grpo", "diffusion.rl.geometry.micro_batch_size=8", "eval.num_prompts=2",
+       "eval.samples_per_prompt=1", "eval.grid_size=0", "eval.every=0", "checkpoint_every=1"]  # fmt: skip
+# the unified model (GRPO text track + DiffusionNFT image track on one backbone), test_unified_trainer's sizes
+_UNIFIED = ["device=cpu", "threads=1", "model.hidden_size=32", "model.num_layers=1", "model.conv_channels=[8,16]",
+            "image_sampling.num_steps=4", "sft.steps=4", "sft.batch_size=8", "sft.checkpoint_every=2",
             "rl.steps=4", "rl.prompts_per_step=2", "rl.samples_per_prompt=4", "rl.geometry.micro_batch_size=8",
             "eval.num_prompts=2", "eval.samples_per_prompt=1", "eval.grid_size=0", "eval.every=0",
             "checkpoint_every=1"]  # fmt: skip

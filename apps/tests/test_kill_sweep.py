@@ -57,3 +57,32 @@ def test_draw_points_is_seeded_and_covers_every_kind() -> None:
     assert a == b and len(set(a)) == 6
     assert {p.split(":")[0] for p in a} == {"sft", "train", "ckpt_write"}
     assert ks.draw_points(traced, 99, 1) != [] and len(ks.draw_points(traced, 99, 1)) == len(traced)
+
+
+@pytest.mark.slow
+def test_ray_layout_killed_in_a_worker_and_in_the_driver_resumes_bit_identical(tmp_path: Path) -> None:
+    """AR on 2 train ranks + 1 rollout worker: ``ckpt_write:2`` fires in the train workers (the SFT
+    step-2 checkpoint written, not renamed: the kill takes the driver with it) and ``trained:1`` in
+    the driver mid-RL; both resume to the uninterrupted run's every rank's state."""
+    _run_sweep(tmp_path, "--preset", "ar_ray", "--at", "ckpt_write:2", "trained:1", expect=2)
+
+
+@pytest.mark.slow
+def test_ray_nft_resume_restores_every_train_ranks_generators(tmp_path: Path) -> None:
+    """DiffusionNFT on 2 train ranks, killed mid-RL after a checkpoint: each rank's NFT generator
+    (not the driver's) must be checkpointed (``rng-rl-algorithm-<rank>.bin``)."""
+    _run_sweep(tmp_path, "--preset", "shapes_nft_ray", "--at", "trained:2", expect=1)
+
+
+@pytest.mark.slow
+def test_pe_resume_restores_each_sides_generator(tmp_path: Path) -> None:
+    """The prompt enhancer (both stacks train in RL): killed in the renderer's SFT after its step-2
+    checkpoint (its FlowSFT generator) and mid-RL."""
+    _run_sweep(tmp_path, "--preset", "shapes_pe", "--at", "sft:3", "scored:2", expect=2)
+
+
+@pytest.mark.slow
+def test_unified_resume_restores_each_tracks_generator(tmp_path: Path) -> None:
+    """The unified model: killed in SFT after its step-2 checkpoint (the image track's FlowSFT) and
+    mid-RL after a checkpoint (its DiffusionNFT)."""
+    _run_sweep(tmp_path, "--preset", "shapes_unified", "--at", "sft:3", "trained:2", expect=2)

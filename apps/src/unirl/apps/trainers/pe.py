@@ -216,9 +216,8 @@ class PETrainer(Trainer):
         (FlowSFT's t / noise), ``sft-ar``, ``rl-ar``, ``rl-diffusion``."""
         algs = {f"rl-{n}": side.algorithm for n, side in self.sides.items()}
         sft = self.cfg.sft
-        for name, phase in ((DIFFUSION, sft.diffusion), (AR, sft.ar)) if sft is not None else ():
-            if phase is not None:
-                algs[f"sft-{name}"] = self.sft_side_algorithm(name)
+        phases = {DIFFUSION: sft.diffusion, AR: sft.ar} if sft is not None else {}
+        algs |= {f"sft-{n}": self.sft_side_algorithm(n) for n, phase in phases.items() if phase is not None}
         return {n: a for n, a in algs.items() if hasattr(a, "get_rng_state")}
 
     def sft_parts_of(self, name: str, batch_size: int, step: int) -> list[Part]:
