@@ -218,7 +218,8 @@ class DistributedRL(Trainer):
 
     # ---- phase hooks: the shared loops of Trainer run on the workers ------------------------------
     def begin_phase(self, name: str, *, starting: bool = False) -> Callable[[list[Part]], dict[str, float]]:
-        self.train.call_all(TrainWorker.begin, name, starting)
+        # the cursor too: the workers' phase LR schedule starts where the run is (a resumed phase)
+        self.train.call_all(TrainWorker.begin, name, starting, (self.sft_step, self.rl_step))
         return self.train_on
 
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:

@@ -131,10 +131,12 @@ class TrainWorker:
         return int(self.backend.global_step)
 
     # -- training -----------------------------------------------------------------------------
-    def begin(self, phase: str, starting: bool = False) -> None:
+    def begin(self, phase: str, starting: bool = False, cursor: tuple[int, int] = (0, 0)) -> None:
         """Set up the TrainStack of ``phase`` ('sft' or 'rl'), as the single-process trainer does
         (``starting``: the phase starts here, so RL's fresh optimizer / KL reference are taken on
-        every rank)."""
+        every rank). ``cursor``: the controller's (sft_step, rl_step), where the phase's LR
+        schedule is positioned: a resumed phase goes on with its schedule where it stopped."""
+        self.trainer.sft_step, self.trainer.rl_step = cursor
         self.stack = self.trainer.make_stack(phase, dp_size=self.info.dp_size, starting=starting)
 
     def train_on(self, shards: list[list[Part]]) -> list[dict[str, float]]:
