@@ -7,7 +7,8 @@ is started in a fresh directory with ``UNIRL_TEST_KILL_AT=<point>``, must die of
 and is then started again without it (the resume). It survives when
 
 - its final checkpoint is bit-identical to the whole run's: every tensor of ``state.pt`` (weights,
-  optimizer, EMA / reference, scheduler) and of ``rng-0.pt``, and every algorithm generator file;
+  optimizer, EMA / reference, scheduler) and of each train rank's ``rng-<rank>.pt``, and every
+  algorithm generator file (``files/rng-<name>-algorithm[-<rank>].bin``);
 - ``extra.json`` is the same but for wall times (cursor, metrics row count, global RNGs, evals);
 - every SFT and RL step is logged exactly once and ``metrics.jsonl`` is the whole run's but for
   wall times: each step's batch is a pure function of (seed, step), so a step logged once with
@@ -21,6 +22,13 @@ one, and the resume must still end bit-identical.
     .venv/bin/python scripts/kill_sweep.py --preset ar --points 20        # real `python -m unirl.apps.cli`
     .venv/bin/python scripts/kill_sweep.py --preset shapes_nft --points 20
     .venv/bin/python scripts/kill_sweep.py --preset ar --points 4 --launcher fork   # forked children: fast
+    .venv/bin/python scripts/kill_sweep.py --preset ar_ray --points 20   # Ray layout: 2 train ranks + 1 rollout
+    .venv/bin/python scripts/kill_sweep.py --preset shapes_pe --points 10    # prompt enhancer: two stacks
+    .venv/bin/python scripts/kill_sweep.py --preset shapes_unified --points 10
+
+On the Ray layout (``*_ray``) a point inside a worker (the checkpoint writes run on every train
+rank) kills the driver with the worker (``unirl.types.faults.kill_together``) and the local Ray
+cluster dies with its driver: the whole job is killed, as when a node goes.
 
 ``--launcher spawn`` (default) runs ``python -m unirl.apps.cli train`` in a subprocess; ``fork``
 forks this process (imports already done) and calls ``unirl.apps.cli.main`` in the child; both
@@ -52,11 +60,38 @@ _SHAPES = ["device=cpu", "threads=1", "sft.steps=6", "sft.batch_size=8", "sft.ch
            "rl.steps=4", "rl.prompts_per_step=2", "rl.samples_per_prompt=4", "rl.geometry.micro_batch_size=8",
            "rl.geometry.mini_batch_size=8", "eval.num_prompts=2", "eval.samples_per_prompt=1",
            "eval.grid_size=0", "eval.every=0", "checkpoint_every=1"]  # fmt: skip
+# the Ray layout: a driver, 2 data-parallel FSDP2 train ranks (gloo) and 1 rollout worker on CPU;
+# the RL geometry is per rank (4 of the 8 Parts)
+_RAY = ["layout.kind=ray", "layout.placement=colocate", "layout.train_workers=2", "layout.rollout_workers=1",
+        "layout.cpus_per_device=0.5", "layout.verify_weights=true", "rl.geometry.micro_batch_size=4"]  # fmt: skip
+# the prompt enhancer with both stacks trained in RL (GRPO, FlowGRPO), the models of test_pe_trainer;
+# a dense reward, so an untrained pair's samples differ and RL moves the weights
+_PE = ["device=cpu", "threads=1", "ar.model.tiny.hidden_size=32", "ar.model.tiny.intermediate_size=64",
+       "ar.model.tiny.num_layers=1", "ar.sampling.max_new_tokens=8", "diffusion.model.unet_channels=8",
+       "diffusion.model.unet_text_layers=1", "diffusion.sampling.num_steps=4", "reward.scorers.0.scorer.reward=score",
+       "diffusion.sft.steps=4", "diffusion.sft.batch_size=8", "diffusion.sft.checkpoint_every=2", "ar.sft.steps=4",
+       "ar.sft.batch_size=8", "ar.sft.checkpoint_every=2", "rl.steps=4", "rl.prompts_per_step=2",
+       "rl.samples_per_prompt=4", "rl.images_per_rewrite=1", "ar.rl.geometry.micro_batch_size=8",
+       "diffusion.rl.algorithm.kind=flow_grpo", "diffusion.rl.geometry.micro_batch_size=8", "eval.num_prompts=2",
+       "eval.samples_per_prompt=1", "eval.grid_size=0", "eval.every=0", "checkpoint_every=1"]  # fmt: skip
+# the unified model (GRPO text track + DiffusionNFT image track on one backbone), test_unified_trainer's sizes
+_UNIFIED = ["device=cpu", "threads=1", "model.hidden_size=32", "model.num_layers=1", "model.conv_channels=[8,16]",
+            "image_sampling.num_steps=4", "sft.steps=4", "sft.batch_size=8", "sft.checkpoint_every=2",
+            "rl.steps=4", "rl.prompts_per_step=2", "rl.samples_per_prompt=4", "rl.geometry.micro_batch_size=8",
+            "eval.num_prompts=2", "eval.samples_per_prompt=1", "eval.grid_size=0", "eval.every=0",
+            "checkpoint_every=1"]  # fmt: skip
 PRESETS: dict[str, tuple[str, list[str]]] = {
     "ar": ("arithmetic_grpo", _AR),
+    "ar_ray": ("arithmetic_grpo", [*_AR, *_RAY]),
     "shapes_nft": ("shapes_nft", _SHAPES),
+    "shapes_nft_ray": ("shapes_nft", [*_SHAPES, *_RAY, "rl.geometry.mini_batch_size=4"]),
     "shapes_flowgrpo": ("shapes_flowgrpo", _SHAPES),
+    "shapes_pe": ("shapes_pe", _PE),
+    "shapes_unified": ("shapes_unified", _UNIFIED),
 }
+# every run starts its own local Ray cluster (a Ray preset's), which dies with its driver: never
+# one some other job runs
+_ENV = {"RAY_ADDRESS": "local", "RAY_USAGE_STATS_ENABLED": "0"}
 # wall-clock values that differ between any two runs
 _TIMES = ("time", "seconds", "_s")
 
@@ -74,6 +109,7 @@ def launch(
 ) -> int:
     """One `unirl train` run; its return code (-9: killed by SIGKILL; 124: over ``timeout_s``, killed)."""
     args = ["train", recipe, *overrides, "--run-dir", str(run)]
+    env = {**_ENV, **env}
     if launcher == "spawn":
         full = {**os.environ, **env}
         try:
@@ -214,8 +250,14 @@ def compare(whole: Path, cut: Path) -> list[str]:
     a, b = whole / "checkpoints" / "latest", cut / "checkpoints" / "latest"
     if not (b / "meta.json").is_file():
         return [f"{b}: no complete final checkpoint"]
-    for name in ("state.pt", "rng-0.pt"):
-        _equal(torch.load(a / name, weights_only=True), torch.load(b / name, weights_only=True), name, why)
+    ranks = sorted(p.name for p in a.glob("rng-*.pt"))  # one per train rank
+    if ranks != sorted(p.name for p in b.glob("rng-*.pt")):
+        why.append(f"the RNG files differ: {ranks} vs {sorted(p.name for p in b.glob('rng-*.pt'))}")
+    for name in ("state.pt", *ranks):
+        if (b / name).is_file():
+            _equal(
+                torch.load(a / name, weights_only=True), torch.load(b / name, weights_only=True), name, why
+            )
     files_a = sorted(p.name for p in (a / "files").glob("*")) if (a / "files").is_dir() else []
     files_b = sorted(p.name for p in (b / "files").glob("*")) if (b / "files").is_dir() else []
     if files_a != files_b:
@@ -233,17 +275,26 @@ def compare(whole: Path, cut: Path) -> list[str]:
     return why
 
 
+def _batch(cfg: dict[str, Any], row: dict[str, Any]) -> int:
+    """Samples one step row trained, from the run's resolved config (PE: per stack, its rows'
+    ``ar/`` or ``diffusion/`` keys; its RL step trains the rewrites and their renders)."""
+    rl = cfg.get("rl") or {}
+    if row["phase"] == "rl":
+        n = rl["prompts_per_step"] * rl["samples_per_prompt"]
+        return n * (1 + rl["images_per_rewrite"]) if "images_per_rewrite" in rl else n
+    if "sft" in cfg:
+        return int(cfg["sft"]["batch_size"])
+    side = next(k.split("/")[0] for k in row if "/" in k)  # PE: one stack's SFT step
+    return int(cfg[side]["sft"]["batch_size"])
+
+
 def trained_samples(run: Path, overrides: list[str]) -> dict[str, int]:
-    """Samples trained per phase: steps logged x batch (from the run's resolved config.yaml)."""
+    """Samples trained per phase: the batch of every step logged (from the run's config.yaml)."""
     import yaml
 
     cfg = yaml.safe_load((run / "config.yaml").read_text())
-    rows = _rows(run)
-    per = {
-        "sft": cfg["sft"]["batch_size"],
-        "rl": cfg["rl"]["prompts_per_step"] * cfg["rl"]["samples_per_prompt"],
-    }
-    return {ph: per[ph] * sum(r["phase"] == ph for r in rows) for ph in per}
+    rows = [r for r in _rows(run) if r["phase"] in ("sft", "rl")]
+    return {ph: sum(_batch(cfg, r) for r in rows if r["phase"] == ph) for ph in ("sft", "rl")}
 
 
 def sweep(
@@ -295,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     recipe, overrides = PRESETS[args.preset]
     overrides = [*overrides, *args.overrides]
-    work = args.work or Path(tempfile.mkdtemp(prefix="kill_sweep-"))
+    work = (
+        args.work or Path(tempfile.mkdtemp(prefix="kill_sweep-"))
+    ).resolve()  # Ray workers trace there too
     t0 = time.time()
     outcomes = sweep(recipe, overrides, args.at or args.points, args.seed, args.launcher, work)
     survived = sum(o.ok for o in outcomes)

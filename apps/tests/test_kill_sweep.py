@@ -57,3 +57,27 @@ def test_draw_points_is_seeded_and_covers_every_kind() -> None:
     assert a == b and len(set(a)) == 6
     assert {p.split(":")[0] for p in a} == {"sft", "train", "ckpt_write"}
     assert ks.draw_points(traced, 99, 1) != [] and len(ks.draw_points(traced, 99, 1)) == len(traced)
+
+
+@pytest.mark.slow
+def test_ray_nft_killed_in_a_worker_resumes_every_ranks_generator_and_schedule(tmp_path: Path) -> None:
+    """DiffusionNFT on 2 train ranks + 1 rollout worker (~3 min: three Ray runs on 2 cores), killed
+    in the train workers (``ckpt_write:8``: the RL step-2 checkpoint written, not renamed; the kill
+    takes the driver with it). The resume must restore each rank's NFT generator (not the driver's:
+    ``rng-rl-algorithm-<rank>.bin``) and put the workers' cosine LR schedule at the run's RL step;
+    it failed on both before."""
+    _run_sweep(tmp_path, "--preset", "shapes_nft_ray", "--at", "ckpt_write:8", expect=1)
+
+
+@pytest.mark.slow
+def test_pe_resume_restores_each_sides_generator(tmp_path: Path) -> None:
+    """The prompt enhancer (both stacks train in RL): killed in the renderer's SFT after its step-2
+    checkpoint (its FlowSFT generator) and mid-RL."""
+    _run_sweep(tmp_path, "--preset", "shapes_pe", "--at", "sft:3", "scored:2", expect=2)
+
+
+@pytest.mark.slow
+def test_unified_resume_restores_each_tracks_generator(tmp_path: Path) -> None:
+    """The unified model: killed in SFT after its step-2 checkpoint (the image track's FlowSFT) and
+    mid-RL after a checkpoint (its DiffusionNFT)."""
+    _run_sweep(tmp_path, "--preset", "shapes_unified", "--at", "sft:3", "trained:2", expect=2)

@@ -218,7 +218,8 @@ class DistributedRL(Trainer):
 
     # ---- phase hooks: the shared loops of Trainer run on the workers ------------------------------
     def begin_phase(self, name: str, *, starting: bool = False) -> Callable[[list[Part]], dict[str, float]]:
-        self.train.call_all(TrainWorker.begin, name, starting)
+        # the cursor too: the workers' phase LR schedule starts where the run is (a resumed phase)
+        self.train.call_all(TrainWorker.begin, name, starting, (self.sft_step, self.rl_step))
         return self.train_on
 
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:
@@ -251,11 +252,19 @@ class DistributedRL(Trainer):
             self.shutdown()
 
     # ---- checkpoints (every train rank takes part) --------------------------------------------------
+    def drawing_algorithms(self) -> dict[str, Any]:
+        """None here: the controller's algorithm only shapes rewards; each train rank's own (FlowSFT,
+        DiffusionNFT) are checkpointed per rank (``TrainWorker.algorithm_rng_files``)."""
+        return {}
+
     def save(self) -> None:
         """Checkpoint on every train rank (``checkpoint_format``: gathered on rank 0, or one shard
-        file per rank), with the data cursor and the weight version last synced."""
+        file per rank), with the data cursor, the weight version last synced and every rank's
+        algorithm generators (``files/rng-<name>-algorithm-<rank>.bin``)."""
         extra, files = run_extra(self)
         extra["weight_version"] = self.synced_version
+        for rank_files in self.train.call_all(TrainWorker.algorithm_rng_files):
+            files |= rank_files
         path = str(self.run.checkpoints / "latest")
         self.train.call_all(TrainWorker.save, path, extra, self.cfg.checkpoint_format, files)
 

@@ -116,5 +116,8 @@ def ensure_ray(layout: LayoutConfig) -> None:
     """Join ``layout.ray_address``, the running Ray instance, or start a local one."""
     import ray
 
+    from unirl.types.faults import kill_together
+
     if not ray.is_initialized():
+        kill_together()  # tests: a worker killed at a fault point takes this driver with it
         ray.init(address=layout.ray_address, include_dashboard=False)

@@ -30,6 +30,7 @@ import torch
 from unirl.apps.loop import pick_device
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.ar_config import Recipe as ARRecipe
+from unirl.apps.trainers.checkpoints import algorithm_rng_files, restore_algorithm_rngs
 from unirl.apps.trainers.components import PolicyRecipe
 from unirl.apps.trainers.diffusion_config import Recipe as DiffusionRecipe
 from unirl.distributed.codec import Checksum
@@ -130,10 +131,12 @@ class TrainWorker:
         return int(self.backend.global_step)
 
     # -- training -----------------------------------------------------------------------------
-    def begin(self, phase: str, starting: bool = False) -> None:
+    def begin(self, phase: str, starting: bool = False, cursor: tuple[int, int] = (0, 0)) -> None:
         """Set up the TrainStack of ``phase`` ('sft' or 'rl'), as the single-process trainer does
         (``starting``: the phase starts here, so RL's fresh optimizer / KL reference are taken on
-        every rank)."""
+        every rank). ``cursor``: the controller's (sft_step, rl_step), where the phase's LR
+        schedule is positioned: a resumed phase goes on with its schedule where it stopped."""
+        self.trainer.sft_step, self.trainer.rl_step = cursor
         self.stack = self.trainer.make_stack(phase, dp_size=self.info.dp_size, starting=starting)
 
     def train_on(self, shards: list[list[Part]]) -> list[dict[str, float]]:
@@ -203,8 +206,16 @@ class TrainWorker:
         the controller's extra ``files`` (e.g. the async buffer)."""
         return str(save_checkpoint(path, self.backend, extra=extra, format=format, files=files))
 
+    def algorithm_rng_files(self) -> dict[str, bytes]:
+        """This rank's algorithms' generator states (FlowSFT, DiffusionNFT), as checkpoint files
+        named with its rank: the controller saves them with the checkpoint."""
+        return algorithm_rng_files(self.trainer, self.info.rank)
+
     def load(self, path: str) -> dict[str, Any]:
-        return dict(load_checkpoint(path, self.backend))
+        """Restore the backend, this rank's RNGs and its algorithms' generators from ``path``."""
+        extra = dict(load_checkpoint(path, self.backend))
+        restore_algorithm_rngs(self.trainer, path, self.info.rank)
+        return extra
 
 
 def build_rollout(recipe: PolicyRecipe, stage: str, device: torch.device) -> tuple[Any, Any, torch.nn.Module]:

@@ -169,6 +169,13 @@ class Trainer:
             self._sft_algorithm = self.cfg.sft.algorithm.build()
         return self._sft_algorithm
 
+    def drawing_algorithms(self) -> dict[str, Any]:
+        """name -> each algorithm of this process that draws from its own generator
+        (``get_rng_state``), each built once: a checkpoint saves their states and a resume restores
+        them (``checkpoints.algorithm_rng_files``). Here the SFT and RL phases' (``sft``, ``rl``)."""
+        algs = {"sft": self.sft_algorithm(), "rl": self.algorithm}
+        return {name: a for name, a in algs.items() if hasattr(a, "get_rng_state")}
+
     def begin_phase(self, name: str, *, starting: bool = False) -> Callable[[list[Part]], dict[str, float]]:
         """The train step (parts -> metrics) of phase ``name``; a multi-worker layout overrides it."""
         return self.make_stack(name, starting=starting).train_on

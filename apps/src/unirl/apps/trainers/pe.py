@@ -33,6 +33,7 @@ from unirl.apps.plots import sample_grid
 from unirl.apps.progress import PhaseProgress
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.base import Trainer
+from unirl.apps.trainers.checkpoints import StacksCheckpoint
 from unirl.apps.trainers.pe_config import Recipe
 from unirl.apps.trainers.phases import apply_phase_lr
 from unirl.apps.worlds.shapes_paraphrase import ShapesParaphraseSource
@@ -54,6 +55,7 @@ from unirl.types import (
     compute_sample_advantages,
     to_numpy,
 )
+from unirl.types.faults import fault_point
 from unirl.types.lineage import credit_parents, expand_children
 
 __all__ = ["OriginalPromptReward", "PETrainer", "Recipe", "run"]
@@ -109,32 +111,6 @@ class PEBatch:
     children: list[Sample]
 
 
-class StacksCheckpoint:
-    """Both stacks as one backend for ``save_checkpoint`` / ``load_checkpoint``: one atomic
-    checkpoint, so the two can never be restored from different steps. One process only."""
-
-    rank, world_size = 0, 1
-
-    def __init__(self, backends: dict[str, Any]) -> None:
-        self.backends = backends
-
-    @property
-    def global_step(self) -> int:
-        return sum(b.global_step for b in self.backends.values())
-
-    def state_dict(self) -> dict[str, Any]:
-        return {n: b.state_dict() for n, b in self.backends.items()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        missing = set(self.backends) - set(state)
-        if missing:
-            raise ValueError(
-                f"the checkpoint has no state for stack(s) {sorted(missing)}; saved: {sorted(state)}"
-            )
-        for n, b in self.backends.items():
-            b.load_state_dict(state[n])
-
-
 class PETrainer(Trainer):
     stage = DIFFUSION  # what a PE run is judged on: the render, scored against the original prompt
     data: ShapesParaphraseSource
@@ -185,6 +161,7 @@ class PETrainer(Trainer):
             DIFFUSION: self._side(DIFFUSION, self.backend, self.pipeline, d.rl),
         }
         self.algorithm = None  # each Side has its own
+        self._sft_algorithms: dict[str, Any] = {}  # side -> its SFT algorithm (sft_side_algorithm)
         self.batch: PEBatch | None = None  # collect's rollout, consumed by the train step
 
     def _side(self, name: str, backend: Any, pipeline: Any, rl: Any) -> Side:
@@ -211,15 +188,37 @@ class PETrainer(Trainer):
             geometry = BatchGeometry(
                 micro_batch_size=min(phase.micro_batch_size or phase.batch_size, phase.batch_size)
             )
-            stack = TrainStack(side.backend, phase.algorithm.build(), side.pipeline, geometry)
+            stack = TrainStack(side.backend, self.sft_side_algorithm(name), side.pipeline, geometry)
             with PhaseProgress(f"sft {name}", end - self.sft_step) as bar:
                 while self.sft_step < end and not stop.stop:
                     parts = self.sft_parts_of(name, phase.batch_size, self.sft_step - start)
                     m = stack.train_on(parts)
+                    fault_point("sft", self.sft_step)
                     self.run.log(self.sft_step, {f"{name}/{k}": v for k, v in m.items()}, phase="sft")
                     bar.advance(loss=m.get("loss", float("nan")))
                     self.sft_step += 1
+                    every = phase.checkpoint_every  # not after the last step: run_all saves the result
+                    if every and (self.sft_step - start) % every == 0 and self.sft_step < plan.steps:
+                        self.save()
         self._timed("sft", t0)
+
+    def sft_side_algorithm(self, name: str) -> Any:
+        """Side ``name``'s SFT algorithm, built once per process (a checkpoint saves its generator)."""
+        if name not in self._sft_algorithms:
+            phase = self.cfg.ar.sft if name == AR else self.cfg.diffusion.sft
+            if phase is None:
+                raise ValueError(f"{name}.sft is null: the {name} stack has no SFT phase")
+            self._sft_algorithms[name] = phase.algorithm.build()
+        return self._sft_algorithms[name]
+
+    def drawing_algorithms(self) -> dict[str, Any]:
+        """Each side's SFT and RL algorithm that draws from its own generator: ``sft-diffusion``
+        (FlowSFT's t / noise), ``sft-ar``, ``rl-ar``, ``rl-diffusion``."""
+        algs = {f"rl-{n}": side.algorithm for n, side in self.sides.items()}
+        sft = self.cfg.sft
+        phases = {DIFFUSION: sft.diffusion, AR: sft.ar} if sft is not None else {}
+        algs |= {f"sft-{n}": self.sft_side_algorithm(n) for n, phase in phases.items() if phase is not None}
+        return {n: a for n, a in algs.items() if hasattr(a, "get_rng_state")}
 
     def sft_parts_of(self, name: str, batch_size: int, step: int) -> list[Part]:
         if name == AR:
@@ -275,11 +274,13 @@ class PETrainer(Trainer):
         children = self.d_engine.generate(
             expand_children(parents, phase.images_per_rewrite, AR), rollout_step=step
         )
+        fault_point("sampled", step)
         self.reward.score_samples(children, DIFFUSION)
         ar_rewards = credit_parents(parents, children, AR, DIFFUSION, phase.credit)
         for side, samples in ((self.sides[AR], parents), (self.sides[DIFFUSION], children)):
             if side.rl is not None:
                 compute_sample_advantages(samples, side.name, side.rl.advantage)
+        fault_point("scored", step)
         self.batch = PEBatch(step, parents, children)
         exact = [s.part(AR).text.strip() == s.metadata.answer for s in parents]
         return children, {
@@ -290,7 +291,7 @@ class PETrainer(Trainer):
         }
 
     def sft_algorithm(self) -> None:
-        """No one SFT algorithm (each side builds its own per SFT phase); its draws are not checkpointed yet."""
+        """No one SFT algorithm: each side has its own (``sft_side_algorithm``)."""
         return None
 
     def begin_phase(self, name: str, *, starting: bool = False) -> Any:

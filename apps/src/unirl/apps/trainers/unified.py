@@ -47,6 +47,7 @@ from unirl.types import (
     compute_sample_advantages,
     to_numpy,
 )
+from unirl.types.faults import fault_point
 
 __all__ = ["Recipe", "UnifiedTrainer", "build_bundle", "run", "world_words"]
 
@@ -118,6 +119,7 @@ class UnifiedTrainer(Trainer):
         )
         self.reward = OriginalPromptReward(RewardService.local(recipe.reward))
         self.algorithm = None  # each track has its own
+        self._track_algs: dict[str, dict[str, Any]] = {}  # phase -> track -> algorithm
         self.batch: list[Sample] | None = None  # collect's rollout, consumed by the train step
 
     # ---- SFT: both tracks on (prompt, canonical plan, render) ---------------------------------
@@ -157,8 +159,28 @@ class UnifiedTrainer(Trainer):
         return text + image
 
     def sft_algorithm(self) -> None:
-        """No one SFT algorithm (each track builds its own); its draws are not checkpointed yet."""
+        """No one SFT algorithm: each track has its own (``track_algorithms``)."""
         return None
+
+    def track_algorithms(self, phase: str) -> dict[str, Any]:
+        """track -> its algorithm in phase ``phase`` ('sft', 'rl'), built once per process: a
+        checkpoint saves the generators they draw from (``drawing_algorithms``)."""
+        if phase not in self._track_algs:
+            if phase == "sft":
+                sft = self.cfg.sft
+                cfgs = {AR: sft.ar, IMAGE: sft.image} if sft is not None else {}
+            else:
+                rl = self.cfg.rl
+                tracks = {AR: rl.ar, IMAGE: rl.image} if rl is not None else {}
+                cfgs = {n: t.algorithm for n, t in tracks.items() if t is not None}
+            self._track_algs[phase] = {n: c.build() for n, c in cfgs.items()}
+        return self._track_algs[phase]
+
+    def drawing_algorithms(self) -> dict[str, Any]:
+        """Each phase's track algorithm that draws from its own generator: ``sft-image``
+        (FlowSFT), ``rl-image`` (DiffusionNFT's t / noise), ``sft-ar``, ``rl-ar``."""
+        algs = {f"{ph}-{n}": a for ph in ("sft", "rl") for n, a in self.track_algorithms(ph).items()}
+        return {n: a for n, a in algs.items() if hasattr(a, "get_rng_state")}
 
     def begin_phase(self, name: str, *, starting: bool = False) -> Any:
         if name == "sft":
@@ -167,9 +189,10 @@ class UnifiedTrainer(Trainer):
             geometry = BatchGeometry(
                 micro_batch_size=min(phase.micro_batch_size or phase.batch_size, phase.batch_size)
             )
+            algs = self.track_algorithms("sft")
             tracks = [
-                Track(AR, phase.ar.build(), self.text_pipeline, phase.ar_weight),
-                Track(IMAGE, phase.image.build(), self.pipeline, phase.image_weight),
+                Track(AR, algs[AR], self.text_pipeline, phase.ar_weight),
+                Track(IMAGE, algs[IMAGE], self.pipeline, phase.image_weight),
             ]
             return UnifiedModelTrainStack(self.backend, tracks, geometry).train_on
         if name != "rl":
@@ -180,8 +203,9 @@ class UnifiedTrainer(Trainer):
         if starting and self.nft:
             self.backend.restart_ema()  # NFT's old policy starts at the SFT result
         apply_phase_lr(self.backend, phase, self.rl_step)
+        algs = self.track_algorithms("rl")
         tracks = [
-            Track(n, t.algorithm.build(), pipe, t.weight)
+            Track(n, algs[n], pipe, t.weight)
             for n, t, pipe in ((AR, phase.ar, self.text_pipeline), (IMAGE, phase.image, self.pipeline))
             if t is not None
         ]
@@ -207,10 +231,12 @@ class UnifiedTrainer(Trainer):
             dataset=self.data.name,
         )
         samples = self.rollout(samples, step)
+        fault_point("sampled", step)
         self.reward.score_samples(samples, IMAGE)
         credit_text_part(samples)
         for name in (AR, IMAGE):
             compute_sample_advantages(samples, name, phase.advantage)
+        fault_point("scored", step)
         self.batch = samples
         exact = [s.part(AR).text.strip() == s.metadata.answer for s in samples]
         return samples, {

@@ -15,17 +15,32 @@ its rollout / after reward and advantages), ``train`` / ``trained`` (RL step, be
 train step, before it is logged), ``ckpt_write`` (global step: every file of the checkpoint
 written, not yet renamed into place) and ``ckpt_swap`` (global step: the previous checkpoint
 moved aside, the new one not yet in its place).
+
+A run of several processes (the Ray layout: a driver and its train / rollout workers) dies as a
+whole, as when its job is killed: the driver calls ``kill_together()`` before it starts the
+workers (they inherit its environment), and a worker that reaches the kill point SIGKILLs the
+driver before itself; the local Ray cluster the driver started dies with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
-__all__ = ["FAULT_ENV", "TRACE_ENV", "fault_point"]
+__all__ = ["FAULT_ENV", "KILL_ALSO_ENV", "TRACE_ENV", "fault_point", "kill_together"]
 
 FAULT_ENV = "UNIRL_TEST_KILL_AT"
 TRACE_ENV = "UNIRL_TEST_FAULT_TRACE"
+KILL_ALSO_ENV = "UNIRL_TEST_KILL_ALSO"
+"""The pid a process reaching the kill point SIGKILLs first (set by ``kill_together``)."""
+
+
+def kill_together() -> None:
+    """Tests only: while ``UNIRL_TEST_KILL_AT`` is set, a process started from here on (inheriting
+    the environment) that reaches the kill point kills this one with it. A no-op otherwise."""
+    if os.environ.get(FAULT_ENV):
+        os.environ[KILL_ALSO_ENV] = str(os.getpid())
 
 
 def fault_point(where: str, index: int) -> None:
@@ -35,4 +50,9 @@ def fault_point(where: str, index: int) -> None:
         with open(trace, "a", encoding="utf-8") as f:
             f.write(f"{where}:{index}\n")
     if os.environ.get(FAULT_ENV) == f"{where}:{index}":
+        also = os.environ.get(KILL_ALSO_ENV)
+        if also and int(also) != os.getpid():
+            # already gone: another worker reached the point first
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(also), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
