@@ -201,6 +201,8 @@ def _fix_hint(kind: str, ctx: dict[str, Any], path: str, loc: tuple[Any, ...], m
         return f"set {path} to one of {ctx.get('expected', '?')}"
     if kind == "missing":
         return f"add {path}"
+    if kind == "string_pattern_mismatch":
+        return f"set {path} to a string matching {ctx.get('pattern', '?')}"
     types = {"int": "a whole number", "float": "a number", "bool": "true or false", "string": "a string"}
     for prefix, what in types.items():
         if kind.startswith(prefix):

@@ -66,7 +66,7 @@ class DistributedRL(Trainer):
         super().__init__(recipe, run_dir)
         self.domain, self.layout, self.stage = domain, layout, domain.stage
         self.data = recipe.data.build()
-        self.reward = RewardService.local(recipe.reward)
+        self.reward = RewardService.from_config(recipe.reward)
         alg = recipe.rl.algorithm if recipe.rl else None
         self.algorithm = alg.build() if alg is not None else None  # reward shaping only (controller side)
         self.steps = domain.make_steps(recipe, self.algorithm)  # shaping, grids, diversity: model-free

@@ -50,6 +50,7 @@ from unirl.distributed.weightsync.protocol import full_tensor
 from unirl.train.checkpoint import CheckpointFormat, load_checkpoint, save_checkpoint
 from unirl.train.stack import TrainStack
 from unirl.types import Part, Sample
+from unirl.types.faults import fault_point
 
 __all__ = [
     "RolloutWorker",
@@ -146,6 +147,7 @@ class TrainWorker:
             raise RuntimeError("TrainWorker.train_on before begin(phase)")
         if len(shards) != 1:
             raise ValueError(f"train{self.info.rank}: expected one shard, got {len(shards)}")
+        fault_point(f"train_rank{self.info.rank}", int(self.backend.global_step))
         return [self.stack.train_on(shards[0])]
 
     # -- weight plane (source side) -------------------------------------------------------------
@@ -272,6 +274,7 @@ class RolloutWorker:
 
     def generate(self, samples: list[Sample]) -> list[Sample]:
         """Sample this worker's share; Parts carry the weight version last received."""
+        fault_point(f"rollout_rank{self.info.rank}", self.rollout_step)
         return self.engine.generate(samples, rollout_step=self.rollout_step)
 
     def weight_version(self) -> int:

@@ -59,7 +59,7 @@ class ARTrainer(Trainer):
             self.weight_plane = EngineSync().build(
                 Endpoint("rollout engine", is_source=True, engine=self.engine)
             )
-        self.reward = RewardService.local(recipe.reward)
+        self.reward = RewardService.from_config(recipe.reward)
         alg = recipe.rl.algorithm if recipe.rl else None
         self.algorithm = alg.build() if alg is not None else None
         self.steps = self.make_steps(recipe, self.algorithm)

@@ -42,7 +42,7 @@ class DiffusionTrainer(Trainer):
         alg = recipe.rl.algorithm if recipe.rl else None
         self.backend = recipe.backend.build(self.bundle.transformer, device=self.device)
         self.engine = build_engine(recipe.rollout, self.pipeline, lambda: self.backend.global_step)
-        self.reward = RewardService.local(recipe.reward)
+        self.reward = RewardService.from_config(recipe.reward)
         self.algorithm = alg.build() if alg is not None else None
         self.steps = self.make_steps(recipe, self.algorithm)
         if alg is not None and isinstance(self.algorithm, UsesReference) and alg.needs_reference:

@@ -155,7 +155,7 @@ class PETrainer(Trainer):
         self.raw_engine = TrainsideEngine(FlowMatchPipeline(self.bundle, stage=DIFFUSION, default_params=ode))
         self.unenhanced = False  # evaluate() on the raw user prompts (the un-enhanced baseline)
         self.oracle = False  # evaluate() on the canonical captions (the renderer's ceiling)
-        self.reward = OriginalPromptReward(RewardService.local(recipe.reward))
+        self.reward = OriginalPromptReward(RewardService.from_config(recipe.reward))
         self.sides = {
             AR: self._side(AR, self.ar_backend, self.ar_pipeline, a.rl),
             DIFFUSION: self._side(DIFFUSION, self.backend, self.pipeline, d.rl),

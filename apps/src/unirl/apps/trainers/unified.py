@@ -117,7 +117,7 @@ class UnifiedTrainer(Trainer):
                 ),
             ]
         )
-        self.reward = OriginalPromptReward(RewardService.local(recipe.reward))
+        self.reward = OriginalPromptReward(RewardService.from_config(recipe.reward))
         self.algorithm = None  # each track has its own
         self._track_algs: dict[str, dict[str, Any]] = {}  # phase -> track -> algorithm
         self.batch: list[Sample] | None = None  # collect's rollout, consumed by the train step

@@ -173,11 +173,44 @@ class ScorerEntry(BaseModel):
         return self.name or self.scorer.kind
 
 
+class RemoteConfig(BaseModel):
+    """Score through a running reward server (`unirl-reward serve`) instead of in this process.
+
+    ```yaml
+    reward:
+      scorers: [{name: geneval, scorer: {kind: shapes}}]   # what the server must score with
+      remote: {url: "http://127.0.0.1:8000", token_env: UNIRL_REWARD_TOKEN}
+    ```
+    The recipe still lists its scorers: at start the client asks the server for its scorer names
+    and weights (`GET /v1/version`) and refuses a server that scores with others. A server that
+    dies or stops answering fails the run within `max_attempts` tries of `timeout_s` each (plus
+    at most `max_attempts` x 5 s of backoff), with an error naming the server.
+    """
+
+    model_config = _STRICT
+    url: str = Field(pattern=r"^https?://", description="base URL of the reward server")
+    token_env: str | None = Field(
+        None, description="environment variable holding the bearer token (never the token itself)"
+    )
+    timeout_s: float = Field(60.0, gt=0, description="per-request timeout (one HTTP attempt)")
+    max_attempts: int = Field(6, ge=1, le=100, description="tries of one request before the run fails")
+    media: Literal["png", "jpeg", "array"] = Field(
+        "png", description="image encoding on the wire (png: lossless; array: raw uint8)"
+    )
+    check_scorers: bool = Field(
+        True, description="refuse a server whose scorer names / weights differ from `scorers`"
+    )
+
+
 class ServiceConfig(BaseModel):
-    """The scorers of a RewardService (local) or of the reward server."""
+    """The scorers of a RewardService (local) or of the reward server; `remote` sends the items to
+    a reward server that scores with these scorers."""
 
     model_config = _STRICT
     scorers: list[ScorerEntry] = Field(min_length=1)
+    remote: RemoteConfig | None = Field(
+        None, description="score on this reward server instead of in-process (None: in-process)"
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> ServiceConfig:

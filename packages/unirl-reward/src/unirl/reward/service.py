@@ -20,6 +20,7 @@ from unirl.reward.config import ServiceConfig
 from unirl.reward.media import to_rgb_uint8
 from unirl.reward.protocol import ScoreItem, ScoreResult
 from unirl.types import ImagePrimitive, Reward, Sample, TextPrimitive, VideoPrimitive, to_numpy
+from unirl.types.wire import VersionResponse
 
 
 class Backend(Protocol):
@@ -79,6 +80,43 @@ class RewardService:
     def local(cls, scorers: ServiceConfig | Sequence[WeightedScorer]) -> RewardService:
         built = scorers.build() if isinstance(scorers, ServiceConfig) else list(scorers)
         return cls(LocalBackend(built))
+
+    @classmethod
+    def from_config(cls, cfg: ServiceConfig) -> RewardService:
+        """In-process scorers, or the reward server of `cfg.remote` after checking that it scores
+        with `cfg.scorers` (names and weights, as `GET /v1/version` lists them)."""
+        if cfg.remote is None:
+            return cls.local(cfg)
+        import os
+
+        from unirl.reward.client import RetryPolicy
+
+        r = cfg.remote
+        token = None
+        if r.token_env is not None:
+            token = os.environ.get(r.token_env)
+            if not token:
+                raise ValueError(
+                    f"reward.remote.token_env={r.token_env!r}: the variable is unset or empty; export the "
+                    "server's bearer token in it, or drop token_env for a loopback server without one"
+                )
+        svc = cls.remote(
+            r.url, token=token, timeout_s=r.timeout_s, retry=RetryPolicy(max_attempts=r.max_attempts),
+            media=r.media,
+        )  # fmt: skip
+        if r.check_scorers:
+            try:
+                check_server_scorers(cfg, svc.version())
+            except Exception:
+                svc.close()
+                raise
+        return svc
+
+    def version(self) -> VersionResponse:
+        """The remote server's scorer list (`GET /v1/version`); a local service has none."""
+        if not isinstance(self.backend, RemoteBackend):
+            raise TypeError("RewardService.version: only a remote service has a server to ask")
+        return self.backend.client.version()
 
     @classmethod
     def remote(cls, url: str, **client_kw: Any) -> RewardService:
@@ -147,3 +185,20 @@ def _first_text(prims: Sequence[Any]) -> str | None:
         if isinstance(p, TextPrimitive):
             return p.text
     return None
+
+
+def check_server_scorers(cfg: ServiceConfig, server: VersionResponse) -> None:
+    """Raise ValueError unless the server scores with the scorer names and weights of `cfg`."""
+    want = [(e.resolved_name, float(e.weight)) for e in cfg.scorers]
+    got = [(s.name, float(s.weight)) for s in server.scorers]
+    if sorted(want) != sorted(got):
+        url = cfg.remote.url if cfg.remote is not None else "?"
+
+        def fmt(pairs: list[tuple[str, float]]) -> str:
+            return ", ".join(f"{n} x {w:g}" for n, w in pairs)
+
+        raise ValueError(
+            f"reward.remote.url={url!r} scores with [{fmt(got)}] but reward.scorers is [{fmt(want)}]; "
+            "start the server from the recipe's scorers, point reward.remote.url at one that has them, "
+            "or set reward.remote.check_scorers=false"
+        )

@@ -20,6 +20,11 @@ A run of several processes (the Ray layout: a driver and its train / rollout wor
 whole, as when its job is killed: the driver calls ``kill_together()`` before it starts the
 workers (they inherit its environment), and a worker that reaches the kill point SIGKILLs the
 driver before itself; the local Ray cluster the driver started dies with it.
+``UNIRL_TEST_KILL_SCOPE=process`` turns that off: only the process that reaches the point dies
+(one component of the run: a rollout or train worker), and the rest of the run must notice.
+The Ray workers have points of their own: ``rollout_rank<r>`` (rollout worker ``r``, RL step, at
+the start of its ``generate``) and ``train_rank<r>`` (train rank ``r``, optimizer steps so far,
+at the start of a train step).
 """
 
 from __future__ import annotations
@@ -28,18 +33,21 @@ import contextlib
 import os
 import signal
 
-__all__ = ["FAULT_ENV", "KILL_ALSO_ENV", "TRACE_ENV", "fault_point", "kill_together"]
+__all__ = ["FAULT_ENV", "KILL_ALSO_ENV", "SCOPE_ENV", "TRACE_ENV", "fault_point", "kill_together"]
 
 FAULT_ENV = "UNIRL_TEST_KILL_AT"
 TRACE_ENV = "UNIRL_TEST_FAULT_TRACE"
 KILL_ALSO_ENV = "UNIRL_TEST_KILL_ALSO"
 """The pid a process reaching the kill point SIGKILLs first (set by ``kill_together``)."""
+SCOPE_ENV = "UNIRL_TEST_KILL_SCOPE"
+"""``job`` (default): a kill point takes the whole run with it; ``process``: only its own process."""
 
 
 def kill_together() -> None:
     """Tests only: while ``UNIRL_TEST_KILL_AT`` is set, a process started from here on (inheriting
-    the environment) that reaches the kill point kills this one with it. A no-op otherwise."""
-    if os.environ.get(FAULT_ENV):
+    the environment) that reaches the kill point kills this one with it. A no-op otherwise, and
+    with ``UNIRL_TEST_KILL_SCOPE=process`` (one component dies, not the job)."""
+    if os.environ.get(FAULT_ENV) and os.environ.get(SCOPE_ENV, "job") != "process":
         os.environ[KILL_ALSO_ENV] = str(os.getpid())
 
 

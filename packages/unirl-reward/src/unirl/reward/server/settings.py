@@ -49,6 +49,15 @@ class ServeConfig(ServiceConfig):
 
     server: ServerSettings = Field(default_factory=lambda: ServerSettings())
 
+    @model_validator(mode="after")
+    def _scores_itself(self) -> ServeConfig:
+        if self.remote is not None:
+            raise ValueError(
+                f"remote={self.remote.url!r}: a reward server scores with its own scorers and does not "
+                "forward to another; drop the `remote:` section from the server's config"
+            )
+        return self
+
     @classmethod
     def from_yaml(cls, path: str | Path) -> ServeConfig:
         import yaml
