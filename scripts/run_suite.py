@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Two streams on a 2-core machine (measured: docs/benchmarks.md, "Suite time"): the quick checks
-# and package tiers beside the apps tier, then the vLLM tier. The vLLM tier beside the apps tier
+# Two streams on a 2-core machine (measured: docs/benchmarks.md, "Suite time"): the quick checks,
+# package tiers and the apps tier's learning runs beside the rest of the apps tier, then the vLLM tier. The vLLM tier beside the apps tier
 # instead slowed both ~2x (their torch threads contend: 11.4 min against 8.9 for this split).
 STREAMS: list[list[str]] = [
     [
@@ -36,6 +36,7 @@ STREAMS: list[list[str]] = [
         "tests(package='distributed')",
         "tests(package='train')",
         "tests(package='rollout')",
+        "tests_apps_e2e",
     ],
     ["tests(package='apps')", "tests_vllm"],
 ]
