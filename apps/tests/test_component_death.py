@@ -13,7 +13,8 @@ presets), kills one component while the run is in its RL phase, and checks:
 A worker dies by ``UNIRL_TEST_KILL_AT`` with ``UNIRL_TEST_KILL_SCOPE=process`` (only the process
 reaching the point dies: ``rollout_rank<r>`` / ``train_rank<r>``, ``unirl.types.faults``); the
 reward server is a ``unirl-reward serve`` process the test SIGKILLs once the run has scored an
-RL step through it (``reward.remote``). The vLLM server dying mid-generation is covered at the
+RL step through it (``reward.remote``). With ``max_restarts`` the run instead restarts from its
+last checkpoint and ends as the uninterrupted run does. The vLLM server dying mid-generation is covered at the
 engine level (``packages/unirl-rollout/tests/test_vllm_engine.py``, the vLLM tier).
 """
 
@@ -127,6 +128,32 @@ def test_train_rank_killed_mid_step_stops_the_run_naming_it(tmp_path: Path) -> N
     assert latency < BOUND_S, f"exited {latency:.1f} s after the kill"
     assert left == [], f"processes of the run still alive: {left}"
     print(f"train rank killed: exited {latency:.1f} s after the kill")
+
+
+@pytest.mark.slow
+def test_with_max_restarts_a_dead_worker_is_replaced_and_the_run_ends_as_if_uninterrupted(
+    tmp_path: Path,
+) -> None:
+    """``max_restarts: 1``: the rollout worker dies once at RL step 2; the run restarts from its last
+    checkpoint in the same process (new workers) and ends bit-identical to the uninterrupted run."""
+    ks = _presets()
+    recipe, overrides = ks.PRESETS["ar_ray"]
+    overrides = [*overrides, "max_restarts=1"]
+    tag = uuid.uuid4().hex
+    code, out, _ = finish(start_run(recipe, overrides, tmp_path / "whole", {TAG_ENV: tag}))
+    assert code == 0, out[-3000:]
+    env = {
+        TAG_ENV: tag,
+        "UNIRL_TEST_KILL_AT": "rollout_rank0:2",
+        "UNIRL_TEST_KILL_SCOPE": "process",
+        "UNIRL_TEST_KILL_ONCE": str(tmp_path / "fired"),
+    }
+    code, out, _ = finish(start_run(recipe, overrides, tmp_path / "cut", env))
+    assert code == 0, out[-3000:]
+    assert (tmp_path / "fired").exists(), "the worker was never killed"
+    assert "restarting from the last checkpoint (restart 1 of 1)" in out, out[-3000:]
+    assert ks.compare(tmp_path / "whole", tmp_path / "cut") == []
+    assert leftovers(tag) == []
 
 
 def _serve(tmp_path: Path, scorers: list[dict[str, object]], tag: str) -> tuple[subprocess.Popen[bytes], str]:

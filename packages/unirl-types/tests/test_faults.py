@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from unirl.types.faults import FAULT_ENV, KILL_ALSO_ENV, TRACE_ENV
+from unirl.types.faults import FAULT_ENV, KILL_ALSO_ENV, ONCE_ENV, SCOPE_ENV, TRACE_ENV
 
 CHILD = (
     "from unirl.types.faults import fault_point; fault_point('sft', 0); fault_point('sft', 1); print('past')"
@@ -27,7 +27,11 @@ print("driver lived on")
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, TRACE_ENV, KILL_ALSO_ENV)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (FAULT_ENV, TRACE_ENV, KILL_ALSO_ENV, ONCE_ENV, SCOPE_ENV)
+    }
     return env | extra
 
 
@@ -56,3 +60,17 @@ def test_kill_together_is_a_no_op_without_a_kill_point() -> None:
     code = "import os; from unirl.types.faults import kill_together; kill_together(); print(os.environ.get('UNIRL_TEST_KILL_ALSO'))"
     out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True)
     assert out.stdout.strip() == "None"
+
+
+def test_scope_process_kills_only_the_process_at_the_point(tmp_path: Path) -> None:
+    env = _env(**{FAULT_ENV: "sft:1", SCOPE_ENV: "process"})
+    run = subprocess.run([sys.executable, "-c", DRIVER, "together"], env=env, capture_output=True)
+    assert run.returncode == 0 and b"driver lived on" in run.stdout  # the child died, the driver did not
+
+
+def test_kill_once_fires_in_the_first_process_only(tmp_path: Path) -> None:
+    env = _env(**{FAULT_ENV: "sft:1", ONCE_ENV: str(tmp_path / "fired")})
+    first = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True)
+    assert first.returncode == -signal.SIGKILL and (tmp_path / "fired").exists()
+    again = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True)
+    assert again.returncode == 0 and b"past" in again.stdout  # a restarted process passes the point

@@ -120,16 +120,6 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def component_failures() -> tuple[type[Exception], ...]:
-    """Failures of a part of the run other than the driver's loop: a Ray worker died, hung or
-    raised, a weight sync failed verification, the reward server refused or stayed unavailable
-    (exit code 3 and a one-line reason naming the part). Imported here: the CLI starts faster."""
-    from unirl.distributed.errors import RemoteCallError, RemoteTimeoutError, WeightSyncError, WorkerDiedError
-    from unirl.reward.client import RewardClientError
-
-    return (WorkerDiedError, RemoteTimeoutError, RemoteCallError, WeightSyncError, RewardClientError)
-
-
 def main(argv: list[str] | None = None, *, force_trainer: str | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -153,6 +143,8 @@ def main(argv: list[str] | None = None, *, force_trainer: str | None = None) -> 
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
+        from unirl.apps.launch import component_failures
+
         if not isinstance(e, component_failures()):
             raise
         # a worker, the reward server or an engine failed: name it, no traceback of our own loop

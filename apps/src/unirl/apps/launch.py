@@ -16,9 +16,40 @@ from unirl.apps.report import write_report
 from unirl.apps.run_dir import RunDir, read_metrics
 from unirl.apps.trainers.base import Trainer
 
-__all__ = ["run_trainer"]
+__all__ = ["component_failures", "run_trainer"]
 
 log = logging.getLogger("unirl")
+
+
+def component_failures() -> tuple[type[Exception], ...]:
+    """Failures of a part of the run other than the driver's loop: a Ray worker died, hung or
+    raised, a weight sync failed verification, the reward server refused or stayed unavailable.
+    The CLI exits 3 on them with a one-line reason naming the part; ``max_restarts`` restarts."""
+    from unirl.distributed.errors import RemoteCallError, RemoteTimeoutError, WeightSyncError, WorkerDiedError
+    from unirl.reward.client import RewardClientError
+
+    return (WorkerDiedError, RemoteTimeoutError, RemoteCallError, WeightSyncError, RewardClientError)
+
+
+def run_with_restarts(factory: Any, recipe: Any, rd: RunDir, mode: str, stop: StopFlag) -> Trainer:
+    """Build the trainer and run it; on a component failure, up to ``recipe.max_restarts`` times,
+    build it again and go on from the last checkpoint (``Trainer.resume``, as a rerun with the same
+    ``--run-dir`` would: the steps after the checkpoint run again, their metrics rows replaced)."""
+    failures = component_failures()
+    for attempt in range(recipe.max_restarts + 1):
+        try:
+            trainer = factory(recipe, rd)
+            with stop.installed():
+                trainer.run_all(mode, stop)
+            return trainer
+        except failures as e:
+            if attempt == recipe.max_restarts or mode != "train":
+                raise
+            log.warning(
+                "a component failed (%s: %s); restarting from the last checkpoint (restart %d of %d)",
+                type(e).__name__, e, attempt + 1, recipe.max_restarts,
+            )  # fmt: skip
+    raise AssertionError("unreachable")
 
 
 def run_trainer(
@@ -38,9 +69,7 @@ def run_trainer(
     log.info("run directory: %s", rd.root)
     stop = StopFlag()
     try:
-        trainer = factory(recipe, rd)
-        with stop.installed():
-            trainer.run_all(mode, stop)
+        trainer = run_with_restarts(factory, recipe, rd, mode, stop)
         rows = read_metrics(rd.root / "metrics.jsonl")
         plot_metrics(rows, rd.plots)
         plot_eval_curve(trainer.evals, trainer.eval_steps, trainer.eval_outcomes, rd.plots)

@@ -134,6 +134,13 @@ class RunSettings(BaseModel):
         "no pickle, no full gather; resumable with another number of train ranks)",
     )
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    max_restarts: int = Field(
+        default=0,
+        ge=0,
+        description="when a component fails (a Ray worker dies, hangs or raises, a weight sync fails "
+        "verification, the reward server stays unavailable), restart the run from its last checkpoint "
+        "in this process up to this many times (0: stop with the error, exit code 3)",
+    )
     layout: LayoutConfig = Field(
         default_factory=LayoutConfig, description="process layout: one process (single) or Ray workers (ray)"
     )

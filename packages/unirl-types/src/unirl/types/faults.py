@@ -22,6 +22,8 @@ workers (they inherit its environment), and a worker that reaches the kill point
 driver before itself; the local Ray cluster the driver started dies with it.
 ``UNIRL_TEST_KILL_SCOPE=process`` turns that off: only the process that reaches the point dies
 (one component of the run: a rollout or train worker), and the rest of the run must notice.
+``UNIRL_TEST_KILL_ONCE=<file>`` makes the point fire once across processes (the first to reach it
+creates the file, later ones -- a restarted worker passing the point again -- go on).
 The Ray workers have points of their own: ``rollout_rank<r>`` (rollout worker ``r``, RL step, at
 the start of its ``generate``) and ``train_rank<r>`` (train rank ``r``, optimizer steps so far,
 at the start of a train step).
@@ -33,12 +35,14 @@ import contextlib
 import os
 import signal
 
-__all__ = ["FAULT_ENV", "KILL_ALSO_ENV", "SCOPE_ENV", "TRACE_ENV", "fault_point", "kill_together"]
+__all__ = ["FAULT_ENV", "KILL_ALSO_ENV", "ONCE_ENV", "SCOPE_ENV", "TRACE_ENV", "fault_point", "kill_together"]
 
 FAULT_ENV = "UNIRL_TEST_KILL_AT"
 TRACE_ENV = "UNIRL_TEST_FAULT_TRACE"
 KILL_ALSO_ENV = "UNIRL_TEST_KILL_ALSO"
 """The pid a process reaching the kill point SIGKILLs first (set by ``kill_together``)."""
+ONCE_ENV = "UNIRL_TEST_KILL_ONCE"
+"""A file: the kill point fires only in the process that creates it (once across restarts)."""
 SCOPE_ENV = "UNIRL_TEST_KILL_SCOPE"
 """``job`` (default): a kill point takes the whole run with it; ``process``: only its own process."""
 
@@ -58,6 +62,12 @@ def fault_point(where: str, index: int) -> None:
         with open(trace, "a", encoding="utf-8") as f:
             f.write(f"{where}:{index}\n")
     if os.environ.get(FAULT_ENV) == f"{where}:{index}":
+        once = os.environ.get(ONCE_ENV)
+        if once:
+            try:
+                os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return  # fired already (in an earlier process of this run)
         also = os.environ.get(KILL_ALSO_ENV)
         if also and int(also) != os.getpid():
             # already gone: another worker reached the point first
