@@ -131,6 +131,33 @@ def test_train_rank_killed_mid_step_stops_the_run_naming_it(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
+def test_hung_rollout_worker_stops_the_run_at_the_call_deadline_naming_it(tmp_path: Path) -> None:
+    """A worker that hangs (SIGSTOP at its point: alive, silent) rather than dies: the driver's call
+    deadline (``layout.call_timeout_s``) ends the run with an error naming the call and the worker,
+    and the stopped process is not left behind."""
+    recipe, overrides = _presets().PRESETS["ar_ray"]
+    deadline_s = 20.0
+    tag, trace = uuid.uuid4().hex, tmp_path / "trace.txt"
+    env = {
+        TAG_ENV: tag,
+        "UNIRL_TEST_KILL_AT": "rollout_rank0:2",
+        "UNIRL_TEST_KILL_SCOPE": "process",
+        "UNIRL_TEST_FAULT_ACTION": "hang",
+        "UNIRL_TEST_FAULT_TRACE": str(trace),
+    }
+    run = start_run(recipe, [*overrides, f"layout.call_timeout_s={deadline_s}"], tmp_path / "run", env)
+    code, out, ended = finish(run)
+    assert "rollout_rank0:2" in trace.read_text().splitlines(), out[-3000:]
+    latency = ended - trace.stat().st_mtime
+    assert code == 3, out[-3000:]
+    assert "error: a component of the run failed: RemoteTimeoutError" in out, out[-3000:]
+    assert "rollout.generate" in out, out[-3000:]
+    assert deadline_s <= latency < deadline_s + BOUND_S, f"exited {latency:.1f} s after the hang"
+    assert leftovers(tag) == []
+    print(f"rollout worker hung: exited {latency:.1f} s after it stopped (deadline {deadline_s:.0f} s)")
+
+
+@pytest.mark.slow
 def test_with_max_restarts_a_dead_worker_is_replaced_and_the_run_ends_as_if_uninterrupted(
     tmp_path: Path,
 ) -> None:

@@ -7,9 +7,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from unirl.types.faults import FAULT_ENV, KILL_ALSO_ENV, ONCE_ENV, SCOPE_ENV, TRACE_ENV
+from unirl.types.faults import ACTION_ENV, FAULT_ENV, KILL_ALSO_ENV, ONCE_ENV, SCOPE_ENV, TRACE_ENV
 
 CHILD = (
     "from unirl.types.faults import fault_point; fault_point('sft', 0); fault_point('sft', 1); print('past')"
@@ -30,7 +31,7 @@ def _env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in (FAULT_ENV, TRACE_ENV, KILL_ALSO_ENV, ONCE_ENV, SCOPE_ENV)
+        if k not in (FAULT_ENV, TRACE_ENV, KILL_ALSO_ENV, ONCE_ENV, SCOPE_ENV, ACTION_ENV)
     }
     return env | extra
 
@@ -74,3 +75,24 @@ def test_kill_once_fires_in_the_first_process_only(tmp_path: Path) -> None:
     assert first.returncode == -signal.SIGKILL and (tmp_path / "fired").exists()
     again = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True)
     assert again.returncode == 0 and b"past" in again.stdout  # a restarted process passes the point
+
+
+def test_hang_stops_the_process_at_the_point_alive_and_silent() -> None:
+    env = _env(**{FAULT_ENV: "sft:1", ACTION_ENV: "hang"})
+    proc = subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while _state(proc.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _state(proc.pid) == "T" and proc.poll() is None  # stopped at the point, not dead
+        os.kill(proc.pid, signal.SIGCONT)  # whoever gives up waiting may let it go on
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and b"past" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _state(pid: int) -> str:
+    """The process state letter from /proc (``T``: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -90,7 +90,7 @@ class DistributedRL(Trainer):
         roles = {"train": lay.train_workers, "rollout": lay.rollout_workers}
         plan, self.slabs = place(roles, lay.placement, device=lay.device, cpus_per_device=lay.cpus_per_device)
         spawn = partial(
-            RayRemote.spawn, call_timeout_s=lay.call_timeout_s, startup_timeout_s=lay.call_timeout_s
+            RayRemote.spawn, call_timeout_s=lay.call_timeout_s, startup_timeout_s=lay.startup_timeout_s
         )
         threads = lay.threads_per_worker
         self.train: RayRemote[TrainWorker] = spawn(

@@ -61,7 +61,12 @@ class LayoutConfig(BaseModel):
         default=None,
         description="connect to this Ray cluster; None: join the running one or start a local one",
     )
-    call_timeout_s: float = Field(default=600.0, gt=0, description="deadline of one worker call")
+    call_timeout_s: float = Field(
+        default=600.0, gt=0, description="deadline of one worker call: a hung worker fails the run after it"
+    )
+    startup_timeout_s: float = Field(
+        default=600.0, gt=0, description="deadline for the workers to start (build their models)"
+    )
 
     @model_validator(mode="after")
     def _sync_fits(self) -> LayoutConfig:

@@ -24,6 +24,8 @@ driver before itself; the local Ray cluster the driver started dies with it.
 (one component of the run: a rollout or train worker), and the rest of the run must notice.
 ``UNIRL_TEST_KILL_ONCE=<file>`` makes the point fire once across processes (the first to reach it
 creates the file, later ones -- a restarted worker passing the point again -- go on).
+``UNIRL_TEST_FAULT_ACTION=hang`` stops the process at the point instead (SIGSTOP: alive, holding its
+sockets, answering nothing -- a hung worker), for the caller's deadline to notice.
 The Ray workers have points of their own: ``rollout_rank<r>`` (rollout worker ``r``, RL step, at
 the start of its ``generate``) and ``train_rank<r>`` (train rank ``r``, optimizer steps so far,
 at the start of a train step).
@@ -35,7 +37,16 @@ import contextlib
 import os
 import signal
 
-__all__ = ["FAULT_ENV", "KILL_ALSO_ENV", "ONCE_ENV", "SCOPE_ENV", "TRACE_ENV", "fault_point", "kill_together"]
+__all__ = [
+    "ACTION_ENV",
+    "FAULT_ENV",
+    "KILL_ALSO_ENV",
+    "ONCE_ENV",
+    "SCOPE_ENV",
+    "TRACE_ENV",
+    "fault_point",
+    "kill_together",
+]
 
 FAULT_ENV = "UNIRL_TEST_KILL_AT"
 TRACE_ENV = "UNIRL_TEST_FAULT_TRACE"
@@ -43,6 +54,8 @@ KILL_ALSO_ENV = "UNIRL_TEST_KILL_ALSO"
 """The pid a process reaching the kill point SIGKILLs first (set by ``kill_together``)."""
 ONCE_ENV = "UNIRL_TEST_KILL_ONCE"
 """A file: the kill point fires only in the process that creates it (once across restarts)."""
+ACTION_ENV = "UNIRL_TEST_FAULT_ACTION"
+"""``kill`` (default): SIGKILL at the point; ``hang``: SIGSTOP (the process stays, silent)."""
 SCOPE_ENV = "UNIRL_TEST_KILL_SCOPE"
 """``job`` (default): a kill point takes the whole run with it; ``process``: only its own process."""
 
@@ -68,6 +81,9 @@ def fault_point(where: str, index: int) -> None:
                 os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
                 return  # fired already (in an earlier process of this run)
+        if os.environ.get(ACTION_ENV, "kill") == "hang":
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return  # continued (SIGCONT) by whoever stopped waiting
         also = os.environ.get(KILL_ALSO_ENV)
         if also and int(also) != os.getpid():
             # already gone: another worker reached the point first
