@@ -31,6 +31,24 @@ def test_unseen_forms_leave_the_sft_pairs_and_stay_in_rl_and_eval() -> None:
     assert pairs == cut.sft_pairs(256, seed=0, step=3)  # a pure function of (seed, step)
 
 
+def test_rl_prompts_unlabelled_are_the_training_prompts_sft_had_no_rewrite_for() -> None:
+    forms = ("trio", "box", "b")
+    cut = ShapesParaphraseDataConfig(sft_unseen_forms=forms).build()
+    rl = ShapesParaphraseDataConfig(sft_unseen_forms=forms, rl_prompts="unlabelled").build()
+    sft = {r.prompt for r in rl.sft_records()}
+    unlabelled = [r.prompt for r in rl.train_records()]
+    # the training split is cut in two: SFT's labelled pairs and RL's unlabelled prompts
+    assert sorted([*sft, *unlabelled]) == sorted(r.prompt for r in cut.train_records())
+    assert unlabelled and not set(unlabelled) & sft
+    assert all(any(uses_form(p, f) for f in forms) for p in unlabelled)
+    assert [r.prompt for r in rl.eval_records()] == [
+        r.prompt for r in cut.eval_records()
+    ]  # evaluation unchanged
+    assert len(rl.all_records()) == len(cut.train_records()) + len(cut.eval_records())
+    with pytest.raises(ValueError, match=r"data.rl_prompts=unlabelled with data.sft_unseen_forms=\[\]"):
+        ShapesParaphraseDataConfig(rl_prompts="unlabelled").build().train_records()
+
+
 def test_unseen_forms_must_be_user_forms_not_canonical_words() -> None:
     with pytest.raises(ValidationError, match=r"sft_unseen_forms=\['three'\].*pick from"):
         ShapesParaphraseDataConfig(sft_unseen_forms=("three",))

@@ -56,7 +56,7 @@ AR, IMAGE = "ar", "image"
 
 def world_words(data: Any) -> list[str]:
     """Every word of the data's prompts and captions, sorted: the closed vocabulary of the world."""
-    recs = data.train_records() + data.eval_records()
+    recs = data.all_records() if hasattr(data, "all_records") else data.train_records() + data.eval_records()
     return sorted({w for r in recs for w in f"{r.prompt} {r.answer or ''}".lower().split()})
 
 

@@ -114,6 +114,11 @@ class ShapesParaphraseDataConfig(BaseModel):
         "rewrite labels) and evaluation see every prompt; each must be a form of COUNT/COLOUR/SHAPE/"
         "RELATION_FORMS that is not the canonical word itself",
     )
+    rl_prompts: Literal["all", "unlabelled"] = Field(
+        default="all",
+        description="the training prompts RL draws from: all, or unlabelled (only those using one of "
+        "sft_unseen_forms: the prompts SFT had no rewrite for, where the reward is the only teacher)",
+    )
 
     @field_validator("sft_unseen_forms")
     @classmethod
@@ -137,6 +142,7 @@ class ShapesParaphraseDataConfig(BaseModel):
                         "held_out_fraction",
                         "split_seed",
                         "sft_unseen_forms",
+                        "rl_prompts",
                     }
                 ),
                 split_seed=self.split_seed,
@@ -167,7 +173,21 @@ class ShapesParaphraseSource:
                 ]
 
     def train_records(self) -> list[PromptRecord]:
-        return list(self._split["train"])
+        """The prompts RL draws from (``rl_prompts``): every training prompt, or the unlabelled ones."""
+        if self.cfg.rl_prompts == "all":
+            return list(self._split["train"])
+        unseen = self.cfg.sft_unseen_forms
+        recs = [r for r in self._split["train"] if any(uses_form(r.prompt, f) for f in unseen)]
+        if not recs:
+            raise ValueError(
+                f"data.rl_prompts=unlabelled with data.sft_unseen_forms={list(unseen)}: no training prompt "
+                "is unlabelled; name forms in sft_unseen_forms or set rl_prompts: all"
+            )
+        return recs
+
+    def all_records(self) -> list[PromptRecord]:
+        """Every prompt of both splits (the world's vocabulary)."""
+        return self._split["train"] + self._split["held_out"]
 
     def sft_records(self) -> list[PromptRecord]:
         """The training prompts with a rewrite label: those using none of ``sft_unseen_forms``."""
