@@ -54,9 +54,9 @@ __all__ = ["Recipe", "UnifiedTrainer", "build_bundle", "run", "world_words"]
 AR, IMAGE = "ar", "image"
 
 
-def world_words(data: Any) -> list[str]:
+def world_words(data: ShapesParaphraseSource) -> list[str]:
     """Every word of the data's prompts and captions, sorted: the closed vocabulary of the world."""
-    recs = data.all_records() if hasattr(data, "all_records") else data.train_records() + data.eval_records()
+    recs = data.all_records()
     return sorted({w for r in recs for w in f"{r.prompt} {r.answer or ''}".lower().split()})
 
 
