@@ -85,7 +85,7 @@ def policy_tensors(backend: Any) -> list[tuple[str, torch.Tensor]]:
     if export is None:
         return list(backend.module.named_parameters())
     weights = dict(export())
-    return [(n, weights[n]) for n, _ in backend.rollout_module.named_parameters()]
+    return [(n, weights[n]) for n in backend.hf_param_names()]
 
 
 def make_weight_sync(sync: SyncConfig, at: Endpoint) -> WeightSync:
@@ -217,6 +217,11 @@ class TrainWorker:
         """Restore the backend, this rank's RNGs and its algorithms' generators from ``path``."""
         extra = dict(load_checkpoint(path, self.backend))
         restore_algorithm_rngs(self.trainer, path, self.info.rank)
+        # the cursor too: which weights rollout samples with depends on it (``rollout_weights``)
+        self.trainer.sft_step, self.trainer.rl_step = (
+            int(extra.get("sft_step", 0)),
+            int(extra.get("rl_step", 0)),
+        )
         return extra
 
 

@@ -63,6 +63,7 @@ class Trainer:
         self.device = pick_device(recipe.device)
         self.rl_step = 0
         self.sft_step = 0  # the data cursor: SFT and RL batches are pure functions of (seed, step)
+        self.stack_phase: str | None = None  # the phase of the last make_stack ("sft", "rl")
         # `sft.stop` reached its level: a resumed run goes on to RL (a run that ended at `sft.steps`
         # instead continues SFT when started again with more steps)
         self.sft_done = False
@@ -123,8 +124,14 @@ class Trainer:
 
     def rollout_weights(self) -> AbstractContextManager[Any]:
         """Within it the backend's module holds the weights rollout samples with (EMA or policy): the
-        one place that decides it, for trainside sampling, every sync and the async publication."""
-        return self.backend.ema_weights() if self.ema_rollout else nullcontext()
+        one place that decides it, for trainside sampling, every sync and the async publication.
+
+        The EMA only once RL has begun (``ema_rollout``: it is RL's old policy, restarted at the SFT
+        result): SFT's probes and its evaluation sample with the policy RL starts from, so the SFT
+        row of the report is that policy and the weights at a given optimizer step are one set
+        (a weight sync keyed by the step stays correct across the SFT -> RL boundary)."""
+        in_rl = self.stack_phase == "rl" or self.rl_step > 0
+        return self.backend.ema_weights() if self.ema_rollout and in_rl else nullcontext()
 
     # ---- phases -------------------------------------------------------------------------------
     def _timed(self, name: str, t0: float) -> None:
@@ -140,6 +147,7 @@ class Trainer:
         restarts there, decay ramp included (DiffusionNFT's old policy starts on-policy). A resumed
         RL phase keeps all three from its checkpoint."""
         phase = getattr(self.cfg, name)
+        self.stack_phase = name
         if starting and name == "rl":
             if phase.reset_optimizer:
                 self.backend.reset_optimizer()
