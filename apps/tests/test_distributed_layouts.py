@@ -110,14 +110,17 @@ def test_separate_layout_runs_the_recipe_by_config_only(ray_cluster: Any, tmp_pa
     )
 
 
-def test_diffusion_recipe_on_two_train_workers(ray_cluster: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["sd3_tiny_flowgrpo", "sd3_tiny_flowgrpo_megatron"])
+def test_diffusion_recipe_on_two_train_workers(ray_cluster: Any, tmp_path: Path, name: str) -> None:
+    """Two data-parallel train ranks (FSDP2, or the SD3 MMDiT on megatron-core: its diffusers-named
+    export syncs into the rollout worker's diffusers copy), every sync checksum-verified."""
     from unirl.apps.distributed.recipes import DiffusionLayoutRecipe
 
     overrides = ["device=cpu", "threads=1", "rl.steps=2", "eval.num_prompts=1", "eval.grid_size=1"]
     overrides += ["layout.kind=ray", "layout.placement=separate", "layout.sync=shm"]
     overrides += ["layout.train_workers=2", "layout.cpus_per_device=0.5", "layout.verify_weights=true"]
-    recipe = validate(DiffusionLayoutRecipe, load_dict("sd3_tiny_flowgrpo", overrides))
-    assert run(recipe, tmp_path / "run", recipe_name="sd3_tiny_flowgrpo") == 0
+    recipe = validate(DiffusionLayoutRecipe, load_dict(name, overrides))
+    assert run(recipe, tmp_path / "run", recipe_name=name) == 0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if r["phase"] == "rl"]
     assert [r["weight_version"] for r in rl] == [1.0, 2.0]  # one FlowGRPO step per RL step, then a sync

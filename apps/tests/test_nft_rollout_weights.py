@@ -5,9 +5,9 @@ evaluation sample with the policy RL starts from, so the weights at an optimizer
 from pathlib import Path
 
 from unirl.apps.config import load
+from unirl.apps.distributed.workers import policy_tensors, weights_checksum
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.diffusion import DiffusionTrainer, Recipe
-from unirl.apps.distributed.workers import policy_tensors, weights_checksum
 
 
 def _rollout_checksum(t: DiffusionTrainer) -> str:

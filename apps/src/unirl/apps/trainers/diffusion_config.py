@@ -8,7 +8,12 @@ import torch
 from pydantic import Field, model_validator
 
 from unirl.apps.data import FramedVideos, PromptListConfig, SizedImages
-from unirl.apps.models import DiffusionModelConfig, TinyShapesModelConfig, TinyVideoModelConfig
+from unirl.apps.models import (
+    DiffusionModelConfig,
+    SD3ModelConfig,
+    TinyShapesModelConfig,
+    TinyVideoModelConfig,
+)
 from unirl.apps.trainers.components import Policy
 from unirl.apps.trainers.diffusion_rollout import DiffusionRolloutConfig, TrainsideDiffusionEngineConfig
 from unirl.apps.trainers.phases import RLPhase, RunSettings, SFTPhaseBase
@@ -97,11 +102,25 @@ class Recipe(RunSettings):
         return self
 
     @model_validator(mode="after")
-    def _fsdp_only(self) -> Recipe:
-        if self.backend.kind != "fsdp":
+    def _megatron_needs_an_mmdit(self) -> Recipe:
+        """backend.kind=megatron builds the SD3 MMDiT's joint blocks on megatron-core: the model
+        must be one (``kind: sd3``, or ``kind: tiny_shapes`` with ``arch: sd3``)."""
+        if self.backend.kind != "megatron":
+            return self
+        m = self.model
+        if not (isinstance(m, SD3ModelConfig) or (isinstance(m, TinyShapesModelConfig) and m.arch == "sd3")):
+            what = f"model.kind={m.kind!r}" + (
+                f", model.arch={m.arch!r}" if isinstance(m, TinyShapesModelConfig) else ""
+            )
             raise ValueError(
-                f"backend.kind={self.backend.kind!r}: diffusion recipes train on kind: fsdp for now (the "
-                "megatron backend serves causal LMs; an MMDiT on megatron-core blocks is not built yet)"
+                f"backend.kind='megatron' with {what}: the megatron backend trains the SD3 MMDiT "
+                "(model.kind=sd3, or tiny_shapes with model.arch=sd3) and causal LMs; use backend.kind=fsdp"
+            )
+        if self.rollout.engine.kind != "trainside":
+            raise ValueError(
+                f"backend.kind='megatron' with rollout.engine.kind={self.rollout.engine.kind!r}: the megatron "
+                "MMDiT samples trainside only (in the trainer's process, or on the Ray rollout workers' "
+                "diffusers copies); use rollout.engine.kind=trainside"
             )
         return self
 

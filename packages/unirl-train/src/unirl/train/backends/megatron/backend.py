@@ -43,8 +43,19 @@ from unirl.train.ema import swapped_weights
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-class MegatronBackend(OptimizedBackend):
-    """Owns a megatron-core GPTModel, its optimizer, LR schedule, EMA, reference and rollout copy."""
+class MegatronBase(OptimizedBackend):
+    """What the megatron-core models of the backend share: the parallel state, gradient reduction
+    and norm over DP / TP / PP, and the state, weights and checkpoints under the source model's
+    (Hugging Face or diffusers) names through a bridge (mbridge's interface: ``load_weights``,
+    ``export_weights``). A subclass builds the model (`_build`)."""
+
+    bridge: Any
+    chunks: list[torch.nn.Module]
+    _tied: dict[str, str]  # a tied weight's second name -> its first
+    _hf_keys: set[str]  # the source model's weight names (each tensor once)
+    _global_names: dict[str, str]  # trainable name -> its name in the whole, unsplit model
+    _qk_layernorm: bool  # per-head QK norms (their gradients are partial per TP rank)
+    _rollout_version: int
 
     def __init__(
         self, module: torch.nn.Module, config: MegatronConfig, device: torch.device | str | None = None
@@ -56,58 +67,20 @@ class MegatronBackend(OptimizedBackend):
             from unirl.train.backends.megatron import cpu
 
             cpu.install()
+        self._check_config(config)
         layout.init_parallel_state(config, self.device)
-        hf_config = getattr(module, "config", None)
-        if hf_config is None or not hasattr(hf_config, "model_type"):
-            raise ValueError(
-                f"backend.kind=megatron needs a Hugging Face causal LM (a module with .config); "
-                f"got {type(module).__name__}"
-            )
-        layout.check_layers(config, hf_config)
-        self.bridge = hf_bridge.make_bridge(
-            hf_config,
-            local_spec=self._local_spec(config),
-            overrides=self._overrides(config),
-            sdpa_attention=config.attention == "sdpa",
-        )
-        chunks = hf_bridge.build_gpt_models(self.bridge, self.device)
-        hf_bridge.load_hf_weights(self.bridge, chunks, dict(module.state_dict()))
-        param_dtype, _ = config.precision.resolve(self.device)
-        embed = module.get_input_embeddings() if hasattr(module, "get_input_embeddings") else None
-        pad = getattr(embed, "padding_idx", None)
-        self.module = MegatronCausalLM(chunks[0], hf_config, param_dtype, pad, vp_chunks=chunks[1:])
-        self.gpt = chunks[0]  # this rank's (first) model chunk
-        self.chunks = chunks
-        if self.pp_size > 1:
-            self.module.pipelined_forward = schedule.pipelined_forward(self.module, self.device)
-        module.requires_grad_(False)
-        self.rollout_module = module
-        self._tied = _tied_aliases(module)  # e.g. lm_head.weight -> model.embed_tokens.weight
-        self._hf_keys = set(module.state_dict()) - set(self._tied)  # each tensor once
-        self._rollout_version = 0  # the rollout copy holds the weights of this optimizer step
-        trainable = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
-        self._global_names = layout.global_param_names(self.bridge, chunks)
+        trainable = self._build(module, config)
         self._init_optimization(
             trainable, config.optimizer, config.scheduler, config.ema, config.reference == "frozen_copy"
         )
 
-    # -- construction -----------------------------------------------------------------------
-    @staticmethod
-    def _local_spec(config: MegatronConfig) -> bool:
-        has_te = hf_bridge.has_transformer_engine()
-        if config.transformer_impl == "transformer_engine" and not has_te:
-            raise ValueError(
-                "backend.transformer_impl='transformer_engine' but transformer_engine is not installed; "
-                "install it or use transformer_impl: local"
-            )
-        local = config.transformer_impl == "local" or not has_te
-        if local and config.sequence_parallel:
-            raise ValueError(
-                "backend.sequence_parallel=True needs Transformer Engine's norms (megatron-core's local "
-                "layer spec has none that shard the sequence); install transformer_engine or set "
-                "sequence_parallel: false"
-            )
-        return local
+    def _check_config(self, config: MegatronConfig) -> None:
+        """Refuse what this model does not run, before the parallel state is set up (none here)."""
+
+    def _build(self, module: torch.nn.Module, config: MegatronConfig) -> dict[str, torch.nn.Parameter]:
+        """Build `module` (the model on megatron-core), `chunks`, `bridge` and the weight-name
+        maps from the given model; return the trainable parameters by name."""
+        raise NotImplementedError
 
     def _overrides(self, config: MegatronConfig) -> dict[str, Any]:
         """TransformerConfig fields set here: the parallel layout, recompute, and the fused CUDA
@@ -147,14 +120,6 @@ class MegatronBackend(OptimizedBackend):
         return mpu.get_pipeline_model_parallel_world_size()
 
     # -- training ---------------------------------------------------------------------------
-    def run_micro_batches(
-        self, micro: Sequence[Any], loss_fn: Callable[[Any], tuple[torch.Tensor, dict[str, float]]]
-    ) -> list[tuple[float, dict[str, float]]]:
-        """Forward and backward of each micro-batch through megatron-core's schedule, `loss_fn`
-        (already globally normalised) on the last pipeline stage; each micro-batch's
-        ``(loss value, metrics)`` on every rank (collective over the pipeline group)."""
-        return schedule.run_micro_batches(self.module, micro, loss_fn, self.device)
-
     def backward(self, loss: torch.Tensor, *, last_micro_batch: bool = True) -> None:
         """Accumulate the gradient of `loss` (gradients are reduced once, in `step`); at
         pipeline_model_parallel_size > 1 only `run_micro_batches` trains."""
@@ -167,7 +132,12 @@ class MegatronBackend(OptimizedBackend):
         loss.backward()
 
     def _reduce_grads(self) -> None:
-        grads.reduce_grads(self.trainable, self.chunks, sequence_parallel=self.config.sequence_parallel)
+        grads.reduce_grads(
+            self.trainable,
+            self.chunks,
+            sequence_parallel=self.config.sequence_parallel,
+            qk=self._qk_layernorm,
+        )
 
     def _total_grad_norm(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
         if self.tp_size == 1 and self.pp_size == 1:
@@ -190,27 +160,9 @@ class MegatronBackend(OptimizedBackend):
         """Context in which `module` is the frozen reference policy (for KL terms)."""
         return self._frozen_copy_weights()
 
-    @contextlib.contextmanager
-    def gathered(self) -> Iterator[None]:
-        """Context for trainside sampling: the rollout copy (the Hugging Face module) holds the
-        trained weights inside (loaded when it is behind: after an optimizer step or a load)."""
-        self.sync_rollout()
-        yield
-
-    def sync_rollout(self) -> None:
-        """Load the trained weights into the rollout copy if it is behind (collective over TP),
-        streamed one weight at a time (no full second copy of the model)."""
-        if self._rollout_version == self._step:
-            return
-        params = dict(self.rollout_module.named_parameters())  # a tied weight once
-        missing = set(params)
-        with torch.no_grad():
-            for name, value in self.named_hf_weights():
-                params[name].copy_(value)
-                missing.discard(name)
-        if missing:
-            raise RuntimeError(f"megatron export lacks rollout-copy weights, e.g. {sorted(missing)[:3]}")
-        self._rollout_version = self._step
+    def hf_param_names(self) -> list[str]:
+        """The source model's parameter names, in its order (what a rollout copy holds)."""
+        raise NotImplementedError
 
     def named_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """`(Hugging Face name, CPU tensor)` of each weight, TP-gathered and broadcast over the
@@ -323,6 +275,97 @@ class MegatronBackend(OptimizedBackend):
         self._step = int(state["global_step"])
         self._ema_start = int(state.get("ema_start", 0))
         self._rollout_version = -1  # the rollout copy is behind whatever was loaded
+
+
+class MegatronBackend(MegatronBase):
+    """Owns a megatron-core GPTModel, its optimizer, LR schedule, EMA, reference and rollout copy."""
+
+    def _build(self, module: torch.nn.Module, config: MegatronConfig) -> dict[str, torch.nn.Parameter]:
+        hf_config = getattr(module, "config", None)
+        if hf_config is None or not hasattr(hf_config, "model_type"):
+            raise ValueError(
+                f"backend.kind=megatron needs a Hugging Face causal LM (a module with .config); "
+                f"got {type(module).__name__}"
+            )
+        layout.check_layers(config, hf_config)
+        self.bridge = hf_bridge.make_bridge(
+            hf_config,
+            local_spec=self._local_spec(config),
+            overrides=self._overrides(config),
+            sdpa_attention=config.attention == "sdpa",
+        )
+        chunks = hf_bridge.build_gpt_models(self.bridge, self.device)
+        hf_bridge.load_hf_weights(self.bridge, chunks, dict(module.state_dict()))
+        param_dtype, _ = config.precision.resolve(self.device)
+        embed = module.get_input_embeddings() if hasattr(module, "get_input_embeddings") else None
+        pad = getattr(embed, "padding_idx", None)
+        self.module = MegatronCausalLM(chunks[0], hf_config, param_dtype, pad, vp_chunks=chunks[1:])
+        self.gpt = chunks[0]  # this rank's (first) model chunk
+        self.chunks = chunks
+        if self.pp_size > 1:
+            self.module.pipelined_forward = schedule.pipelined_forward(self.module, self.device)
+        module.requires_grad_(False)
+        self.rollout_module = module
+        self._tied = _tied_aliases(module)  # e.g. lm_head.weight -> model.embed_tokens.weight
+        self._hf_keys = set(module.state_dict()) - set(self._tied)  # each tensor once
+        self._rollout_version = 0  # the rollout copy holds the weights of this optimizer step
+        self._qk_layernorm = bool(getattr(self.gpt.config, "qk_layernorm", False))
+        trainable = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
+        self._global_names = layout.global_param_names(self.bridge, chunks)
+        return trainable
+
+    # -- construction -----------------------------------------------------------------------
+    @staticmethod
+    def _local_spec(config: MegatronConfig) -> bool:
+        has_te = hf_bridge.has_transformer_engine()
+        if config.transformer_impl == "transformer_engine" and not has_te:
+            raise ValueError(
+                "backend.transformer_impl='transformer_engine' but transformer_engine is not installed; "
+                "install it or use transformer_impl: local"
+            )
+        local = config.transformer_impl == "local" or not has_te
+        if local and config.sequence_parallel:
+            raise ValueError(
+                "backend.sequence_parallel=True needs Transformer Engine's norms (megatron-core's local "
+                "layer spec has none that shard the sequence); install transformer_engine or set "
+                "sequence_parallel: false"
+            )
+        return local
+
+    # -- training ---------------------------------------------------------------------------
+    def run_micro_batches(
+        self, micro: Sequence[Any], loss_fn: Callable[[Any], tuple[torch.Tensor, dict[str, float]]]
+    ) -> list[tuple[float, dict[str, float]]]:
+        """Forward and backward of each micro-batch through megatron-core's schedule, `loss_fn`
+        (already globally normalised) on the last pipeline stage; each micro-batch's
+        ``(loss value, metrics)`` on every rank (collective over the pipeline group)."""
+        return schedule.run_micro_batches(self.module, micro, loss_fn, self.device)
+
+    # -- the rollout copy ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[None]:
+        """Context for trainside sampling: the rollout copy (the Hugging Face module) holds the
+        trained weights inside (loaded when it is behind: after an optimizer step or a load)."""
+        self.sync_rollout()
+        yield
+
+    def sync_rollout(self) -> None:
+        """Load the trained weights into the rollout copy if it is behind (collective over TP),
+        streamed one weight at a time (no full second copy of the model)."""
+        if self._rollout_version == self._step:
+            return
+        params = dict(self.rollout_module.named_parameters())  # a tied weight once
+        missing = set(params)
+        with torch.no_grad():
+            for name, value in self.named_hf_weights():
+                params[name].copy_(value)
+                missing.discard(name)
+        if missing:
+            raise RuntimeError(f"megatron export lacks rollout-copy weights, e.g. {sorted(missing)[:3]}")
+        self._rollout_version = self._step
+
+    def hf_param_names(self) -> list[str]:
+        return [n for n, _ in self.rollout_module.named_parameters()]
 
 
 def _tied_aliases(module: torch.nn.Module) -> dict[str, str]:

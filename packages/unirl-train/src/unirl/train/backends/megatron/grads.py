@@ -28,15 +28,16 @@ def reduce_grads(
     chunks: Sequence[Any],
     *,
     sequence_parallel: bool,
+    qk: bool,
 ) -> None:
-    """Make this rank's gradients the globally reduced ones (collective over DP, TP, embedding)."""
+    """Make this rank's gradients the globally reduced ones (collective over DP, TP, embedding);
+    ``qk``: the model has per-head QK norms (named ``*q_layernorm`` / ``*k_layernorm``)."""
     from megatron.core import parallel_state as mpu
 
     grads = [p.grad for p in trainable.values() if p.grad is not None]
     if mpu.get_data_parallel_world_size() > 1:
         all_reduce_flat(grads, mpu.get_data_parallel_group())
     if mpu.get_tensor_model_parallel_world_size() > 1:
-        qk = bool(getattr(chunks[0].config, "qk_layernorm", False))
         summed, averaged = tp_partial_grads(trainable, sequence_parallel=sequence_parallel, qk=qk)
         all_reduce_flat(summed, mpu.get_tensor_model_parallel_group())
         all_reduce_flat(averaged, mpu.get_tensor_model_parallel_group(), op=dist.ReduceOp.AVG)
