@@ -145,11 +145,7 @@ def run_backend(
     out["mfu"] = model_flops(args) / (out["step_s"] * PEAK_FLOPS)
     out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
     out["params_m"] = sum(p.numel() for p in module.parameters()) / 1e6
-    del backend, module, model, batch
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return {**out, "_v0": v0}
+    return {**out, "_v0": v0}  # the backend and model are freed as this frame ends
 
 
 def main() -> None:
@@ -176,6 +172,9 @@ def main() -> None:
     rows, ref = [], None
     for kind in args.backends:
         r = run_backend(kind, args, device, ref)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         v0 = r.pop("_v0")
         ref = v0 if ref is None else ref
         base = rows[0]["step_s"] if rows else r["step_s"]
