@@ -1,5 +1,6 @@
-"""Image RL on the megatron backend: `unirl train sd3_tiny_flowgrpo_megatron` (the SD3 MMDiT's
-joint blocks on megatron-core) follows the FSDP2 run of the same recipe step for step, samples
+"""Image RL on the megatron backend: `unirl train sd3_tiny_flowgrpo_megatron` and
+`flux_tiny_flowgrpo_megatron` (the MMDiT's blocks on megatron-core) follow the FSDP2 run of the
+same recipe step for step, samples
 and replays on one module (first-update |log ratio| < 1e-6), and exports a diffusers
 folder that loads with diffusers and holds the trained weights."""
 
@@ -8,9 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import diffusers
 import pytest
 import torch
-from diffusers import SD3Transformer2DModel
 
 from unirl.apps import cli
 from unirl.apps.config import RecipeError, load_dict, validate
@@ -28,12 +29,14 @@ def _rl_rows(run: Path) -> list[dict[str, float]]:
 
 
 @pytest.mark.slow
-def test_megatron_mmdit_run_follows_fsdp2_and_exports_diffusers(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("base", "cls"), [("sd3_tiny_flowgrpo", "SD3Transformer2DModel"),
+                                           ("flux_tiny_flowgrpo", "FluxTransformer2DModel")])  # fmt: skip
+def test_megatron_mmdit_run_follows_fsdp2_and_exports_diffusers(tmp_path: Path, base: str, cls: str) -> None:
     runs = {}
-    for recipe in ("sd3_tiny_flowgrpo", "sd3_tiny_flowgrpo_megatron"):
+    for recipe in (base, f"{base}_megatron"):
         runs[recipe] = tmp_path / recipe
         assert cli.main(["train", recipe, *SHORT, "--run-dir", str(runs[recipe])]) == 0
-    fsdp, meg = _rl_rows(runs["sd3_tiny_flowgrpo"]), _rl_rows(runs["sd3_tiny_flowgrpo_megatron"])
+    fsdp, meg = _rl_rows(runs[base]), _rl_rows(runs[f"{base}_megatron"])
     assert len(fsdp) == len(meg) == 2
     for f, m in zip(fsdp, meg):
         for k in COMPARED:
@@ -43,14 +46,12 @@ def test_megatron_mmdit_run_follows_fsdp2_and_exports_diffusers(tmp_path: Path) 
     # the diffusers export of each run: the same trained transformer
     for run in runs.values():
         assert cli.main(["export", str(run), "--format", "diffusers"]) == 0
-    a = SD3Transformer2DModel.from_pretrained(runs["sd3_tiny_flowgrpo"] / "export-diffusers" / "transformer")
-    b = SD3Transformer2DModel.from_pretrained(
-        runs["sd3_tiny_flowgrpo_megatron"] / "export-diffusers" / "transformer"
-    )
-    sa, sb = a.state_dict(), b.state_dict()
-    assert set(sa) == set(sb)
-    for n, v in sa.items():  # 2 AdamW steps of lr 1e-3: float noise amplified in m / sqrt(v)
-        torch.testing.assert_close(sb[n], v, rtol=0, atol=1e-5)
+    load = getattr(diffusers, cls).from_pretrained
+    a = load(runs[base] / "export-diffusers" / "transformer").state_dict()
+    b = load(runs[f"{base}_megatron"] / "export-diffusers" / "transformer").state_dict()
+    assert set(a) == set(b)
+    for n, v in a.items():  # 2 AdamW steps of lr 1e-3: float noise amplified in m / sqrt(v)
+        torch.testing.assert_close(b[n], v, rtol=0, atol=1e-5)
 
 
 def test_megatron_needs_an_mmdit_and_trainside_sampling() -> None:

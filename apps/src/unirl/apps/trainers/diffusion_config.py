@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from unirl.apps.data import FramedVideos, PromptListConfig, SizedImages
 from unirl.apps.models import (
     DiffusionModelConfig,
+    FluxModelConfig,
     SD3ModelConfig,
     TinyShapesModelConfig,
     TinyVideoModelConfig,
@@ -103,18 +104,19 @@ class Recipe(RunSettings):
 
     @model_validator(mode="after")
     def _megatron_needs_an_mmdit(self) -> Recipe:
-        """backend.kind=megatron builds the SD3 MMDiT's joint blocks on megatron-core: the model
-        must be one (``kind: sd3``, or ``kind: tiny_shapes`` with ``arch: sd3``)."""
+        """backend.kind=megatron builds an SD3 or FLUX MMDiT's blocks on megatron-core: the model
+        must be one (``kind: sd3`` / ``flux``, or ``kind: tiny_shapes`` with ``arch: sd3``)."""
         if self.backend.kind != "megatron":
             return self
         m = self.model
-        if not (isinstance(m, SD3ModelConfig) or (isinstance(m, TinyShapesModelConfig) and m.arch == "sd3")):
+        mmdit = isinstance(m, SD3ModelConfig | FluxModelConfig)
+        if not (mmdit or (isinstance(m, TinyShapesModelConfig) and m.arch == "sd3")):
             what = f"model.kind={m.kind!r}" + (
                 f", model.arch={m.arch!r}" if isinstance(m, TinyShapesModelConfig) else ""
             )
             raise ValueError(
-                f"backend.kind='megatron' with {what}: the megatron backend trains the SD3 MMDiT "
-                "(model.kind=sd3, or tiny_shapes with model.arch=sd3) and causal LMs; use backend.kind=fsdp"
+                f"backend.kind='megatron' with {what}: the megatron backend trains the SD3 and FLUX MMDiTs "
+                "(model.kind=sd3 or flux, or tiny_shapes with model.arch=sd3) and causal LMs; use backend.kind=fsdp"
             )
         if self.rollout.engine.kind != "trainside":
             raise ValueError(

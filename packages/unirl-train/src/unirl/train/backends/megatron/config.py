@@ -115,11 +115,11 @@ class MegatronConfig(BaseModel):
     def build(self, module: torch.nn.Module, device: torch.device | str | None = None):  # -> MegatronBackend
         """A MegatronBackend whose GPTModel is converted from the Hugging Face causal LM `module`
         (which stays as the rollout copy the backend keeps in step with the trained weights), or,
-        for a diffusers SD3Transformer2DModel, a MegatronMMDiTBackend (its joint blocks on
-        megatron-core; the built module replaces the diffusers one)."""
-        from unirl.train.backends.megatron.mmdit import is_mmdit
+        for a diffusers SD3Transformer2DModel or FluxTransformer2DModel, a MegatronMMDiTBackend
+        (its blocks on megatron-core; the built module replaces the diffusers one)."""
+        from unirl.train.backends.megatron.mmdit import mmdit_family
 
-        if is_mmdit(module):  # a diffusers SD3 MMDiT: its joint blocks on megatron-core
+        if mmdit_family(module) is not None:  # a diffusers SD3 / FLUX MMDiT: its blocks on megatron-core
             from unirl.train.backends.megatron.dit_backend import MegatronMMDiTBackend
 
             return MegatronMMDiTBackend(module, self, device=device)

@@ -55,12 +55,13 @@ class MegatronMMDiTBackend(MegatronBase):
                 "use_cpu_initialization": self.device.type == "cpu",
                 "perform_initialization": True,
             },
+            family=str(mmdit.mmdit_family(module)),
         )
         model = mmdit.build_mmdit(module, tcfg, param_dtype, self.device)
         self.bridge = mmdit.MMDiTBridge(model, [n for n, _ in module.named_parameters()])
         self.chunks = [model]
         self.bridge.load_weights(self.chunks, dict(module.named_parameters()))
-        for block in model.transformer_blocks:
+        for block in [*model.transformer_blocks, *getattr(model, "single_transformer_blocks", ())]:
             block.recompute = config.recompute == "full"
         self.module = model
         self._tied = {}
@@ -85,6 +86,6 @@ class MegatronMMDiTBackend(MegatronBase):
         out = super().full_state_dict(merge_lora)
         params = {n for n, _ in self.module.named_parameters()}
         for n, v in self.module.state_dict().items():
-            if n not in params and not n.startswith("transformer_blocks."):
+            if n not in params and not n.startswith(("transformer_blocks.", "single_transformer_blocks.")):
                 out[n] = v.detach().cpu()
         return out
