@@ -100,7 +100,8 @@ def _seeded_mutations(rng: random.Random, n_typo: int, n_type: int, n_kind: int)
         recipe = rng.choice(RECIPES)
         section = rng.choice(_kind_sections(data[recipe]))
         name = rng.choice(bogus)
-        expect = (f"{section}:", repr(name), f"fix: set {section}.kind to one of")
+        # "section:" (a union of kinds) or "section.kind:" (a section with one kind: a plain literal)
+        expect = (f"{section}", repr(name), f"fix: set {section}.kind to one of")
         out.append(Mutation("kind", recipe, (f"{section}.kind={name}",), expect))
     return out
 
