@@ -42,7 +42,7 @@ class DiffusionTrainer(Trainer):
         alg = recipe.rl.algorithm if recipe.rl else None
         self.backend = recipe.backend.build(self.bundle.transformer, device=self.device)
         if self.backend.module is not self.bundle.transformer:  # megatron: the MMDiT on megatron-core
-            self.bundle.transformer = self.backend.module  # samples, replays and trains
+            self.bundle.replace_transformer(self.backend.module)  # samples, replays and trains
         self.engine = build_engine(recipe.rollout, self.pipeline, lambda: self.backend.global_step)
         self.reward = RewardService.from_config(recipe.reward)
         self.algorithm = alg.build() if alg is not None else None

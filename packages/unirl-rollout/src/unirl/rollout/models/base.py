@@ -67,6 +67,11 @@ class FlowBundle(Protocol):
     """True for guidance-distilled models (FLUX.1-dev): ``guidance_scale`` is fed to the model as
     ``conditions["guidance"]`` [B] and no CFG batch is run. False: classifier-free guidance."""
 
+    def replace_transformer(self, module: nn.Module) -> None:
+        """Denoise with ``module`` instead of ``transformer`` from now on (a train backend that
+        rebuilds the model, e.g. megatron-core's MMDiT, hands its module here)."""
+        ...
+
     @property
     def device(self) -> torch.device: ...
 
@@ -227,6 +232,14 @@ class DiffusersPipelineBundle(Generic[P]):
     def pipe(self) -> P:
         """The underlying diffusers pipeline (for reference runs and component access)."""
         return self._pipe
+
+    def replace_transformer(self, module: nn.Module) -> None:
+        """Denoise with ``module`` from now on (a train backend's rebuild of the transformer, e.g.
+        megatron-core's): in the bundle and in its pipeline, so the old one is released and
+        ``to()`` moves the new one."""
+        self.transformer = module
+        pipe: Any = self._pipe
+        pipe.transformer = module
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Any:
         """Move every module to ``device`` (and ``dtype`` if given); returns self."""

@@ -173,6 +173,10 @@ class PixelFlowBundle:
         )
 
     # ---- FlowBundle ---------------------------------------------------------------------------
+    def replace_transformer(self, module: nn.Module) -> None:
+        """Denoise with ``module`` from now on (a train backend's rebuild of the transformer)."""
+        self.transformer = module
+
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> PixelFlowBundle:
         self.transformer.to(device=device, dtype=dtype)
         self.text_encoder.to(device=device)

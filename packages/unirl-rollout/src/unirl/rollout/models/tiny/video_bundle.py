@@ -97,6 +97,10 @@ class PixelVideoBundle:
         return cls(net, text, tokenizer, fps=fps)
 
     # ---- VideoFlowBundle ----------------------------------------------------------------------
+    def replace_transformer(self, module: nn.Module) -> None:
+        """Denoise with ``module`` from now on (a train backend's rebuild of the transformer)."""
+        self.transformer = module
+
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> PixelVideoBundle:
         self.transformer.to(device=device, dtype=dtype)
         self.text_encoder.to(device=device)
