@@ -68,7 +68,7 @@ LayoutRecipe = ARRecipe | DiffusionRecipe
 
 
 def weights_checksum(module: torch.nn.Module | list[tuple[str, torch.Tensor]]) -> str:
-    """BLAKE2b over (name, full tensor) of every parameter of `module` (or of the named tensors
+    """XXH3-128 (`Checksum`) over (name, full tensor) of every parameter of `module` (or of the named tensors
     given), in order; a collective for FSDP2 DTensors."""
     named = module.named_parameters() if isinstance(module, torch.nn.Module) else module
     c = Checksum()

@@ -7,13 +7,13 @@ Nothing here unpickles anything.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import xxhash
 
 DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
@@ -107,12 +107,15 @@ def from_bytes(buf: torch.Tensor, meta: TensorMeta) -> torch.Tensor:
 class Checksum:
     """Deterministic hash over named tensors (name, dtype, shape and raw bytes, in order).
 
-    BLAKE2b-128 over the bytes: fast (~1 GB/s per core), platform independent, and any flipped
-    bit, reordering, renaming, dtype or shape change alters it.
+    XXH3-128 (the ``xxhash`` library) over the bytes: ~26 GB/s on one core of a 2-core AMD EPYC
+    VM, where BLAKE2b-128 ran 0.9 GB/s (so verifying a sync costs a few percent of a step instead of
+    more than the sync itself); platform independent; any flipped bit, reordering, renaming, dtype
+    or shape change alters it. A corruption check, not a defence against a forger (the weight
+    plane's peers are the run's own processes).
     """
 
     def __init__(self) -> None:
-        self._h = hashlib.blake2b(digest_size=16)
+        self._h = xxhash.xxh3_128()
         self.count = 0
 
     def update(self, name: str, tensor: torch.Tensor) -> None:

@@ -9,7 +9,7 @@ Every sync is versioned and verified:
 - the sender stamps a version that must increase (:class:`VersionGate`); the receiver rejects a
   stale or repeated version with StaleWeightVersionError (and a skipped one when
   ``require_consecutive``);
-- each bucket carries a BLAKE2b checksum of its tensors computed by the sender; the receiver
+- each bucket carries an XXH3-128 checksum of its tensors computed by the sender; the receiver
   recomputes it *before* handing the bucket to its sink, so corrupted bytes are never loaded;
 - the receiver's :class:`SyncAck` carries the version and overall checksum; the sender's
   :meth:`WeightSync.confirm` checks every ack (a missing, skipped or mismatched ack is an error);

@@ -34,7 +34,7 @@ __all__ = ["TOKEN_ENV", "UnirlWorkerExtension", "fingerprint"]
 
 
 def fingerprint(named: Iterable[tuple[str, torch.Tensor]]) -> str:
-    """BLAKE2b over the engine's own parameters (vLLM layout: fused qkv, gate_up, ...)."""
+    """XXH3-128 (`Checksum`) over the engine's own parameters (vLLM layout: fused qkv, gate_up, ...)."""
     c = Checksum()
     for name, t in named:
         c.update(name, t.detach())
