@@ -129,9 +129,15 @@ class BroadcastWeightSync(BucketedWeightSync):
                 f"{self.name}: malformed broadcast header ({exc}); the group's stream is out of step: "
                 "rebuild the weight-sync group before the next sync"
             ) from exc
-        streamed = SyncTicket(
-            self.kind, version, overall_checksum(version, sums), buckets, sums, tuple(None for _ in buckets)
-        )
+        payload = tuple(None for _ in buckets)
+        if not all(_is_digest(c) for c in sums):
+            # the stream's layout is known (the buckets parsed): read it out so the sender finishes
+            self._drain(SyncTicket(self.kind, version, "", buckets, sums, payload), 0)
+            raise WeightSyncError(
+                f"{self.name}: broadcast header v{version} carries a garbled bucket checksum; the sync "
+                "was corrupted in transit and nothing was loaded"
+            )
+        streamed = SyncTicket(self.kind, version, overall_checksum(version, sums), buckets, sums, payload)
         try:
             self._check_ticket(streamed)
         except Exception:
@@ -147,3 +153,12 @@ class BroadcastWeightSync(BucketedWeightSync):
     def confirm(self, ticket: SyncTicket, acks: Sequence[SyncAck], expected_receivers: int) -> None:
         """Check the acks (nothing to free)."""
         super().confirm(ticket, acks, expected_receivers)
+
+
+def _is_digest(c: str) -> bool:
+    """A hex digest as the sender writes them (empty when it does not verify)."""
+    try:
+        bytes.fromhex(c)
+    except ValueError:
+        return False
+    return True
