@@ -86,17 +86,18 @@ def model_flops(args: argparse.Namespace) -> float:
     return 3 * args.batch * args.layers * (2 * 12 * d * d * s + 4 * d * s * s)
 
 
-def build(kind: str, model: torch.nn.Module, device: torch.device) -> Any:
+def build(kind: str, model: torch.nn.Module, device: torch.device, precision: str) -> Any:
     from unirl.train.optim import AdamWConfig
 
     opt = AdamWConfig(lr=1e-4)
+    prec = {"param_dtype": precision}
     if kind == "fsdp":
         from unirl.train.backends.fsdp import FSDPConfig
 
-        return FSDPConfig(optimizer=opt).build(model, device)
+        return FSDPConfig(optimizer=opt, precision=prec).build(model, device)
     from unirl.train.backends.megatron import MegatronConfig
 
-    return MegatronConfig(optimizer=opt).build(model, device)
+    return MegatronConfig(optimizer=opt, precision=prec).build(model, device)
 
 
 def velocity(module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -115,7 +116,7 @@ def run_backend(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     model = make_model(args).to(device)
-    backend = build(kind, model, device)
+    backend = build(kind, model, device, args.precision)
     module = backend.module
     batch = make_batch(args, device)
     with torch.no_grad():
@@ -160,6 +161,8 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--text-dim", type=int, default=4096)
     ap.add_argument("--pooled-dim", type=int, default=2048)
+    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
+                    help="compute dtype of both backends (auto: bf16 on CUDA); fp32 also turns TF32 off")  # fmt: skip
     ap.add_argument("--tiny", action="store_true", help="a tiny model and batch (CPU smoke run)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -168,7 +171,7 @@ def main() -> None:
                              pooled_dim=16, steps=min(args.steps, 2))  # fmt: skip
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = args.precision != "fp32"
     rows, ref = [], None
     for kind in args.backends:
         r = run_backend(kind, args, device, ref)

@@ -356,7 +356,7 @@ def test_cuda_blocks_equal_diffusers_and_train_in_bf16(kind: str) -> None:
         x = {k: v.to(cuda) for k, v in inputs(kind).items()}
         ref = model(kind).to(cuda)
         want = velocity(ref, x)
-        fp32 = MegatronConfig(optimizer=AdamWConfig(lr=1e-2), precision={"param_dtype": "float32"}).build(
+        fp32 = MegatronConfig(optimizer=AdamWConfig(lr=1e-2), precision={"param_dtype": "fp32"}).build(
             model(kind), cuda
         )
         torch.testing.assert_close(velocity(fp32.module, x), want, rtol=0, atol=1e-5)
