@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
-from unirl.train.backends.megatron import mmdit
+from unirl.train.backends.megatron import mmdit, mmdit_bridge
 from unirl.train.backends.megatron.backend import MegatronBase
 from unirl.train.backends.megatron.config import MegatronConfig
 
@@ -58,7 +58,7 @@ class MegatronMMDiTBackend(MegatronBase):
             family=str(mmdit.mmdit_family(module)),
         )
         model = mmdit.build_mmdit(module, tcfg, param_dtype, self.device)
-        self.bridge = mmdit.MMDiTBridge(model, [n for n, _ in module.named_parameters()])
+        self.bridge = mmdit_bridge.MMDiTBridge(model, [n for n, _ in module.named_parameters()])
         self.chunks = [model]
         self.bridge.load_weights(self.chunks, dict(module.named_parameters()))
         for block in [*model.transformer_blocks, *getattr(model, "single_transformer_blocks", ())]:

@@ -22,7 +22,7 @@ diffusers code and weights, replicated on every TP rank, so the model keeps the 
 (``hidden_states, encoder_hidden_states, pooled_projections, timestep, return_dict``) the bundles
 and pipelines make.
 
-`MMDiTBridge` maps the weights: diffusers names in, diffusers names out (TP-gathered), the fused
+`mmdit_bridge.MMDiTBridge` maps the weights: diffusers names in, diffusers names out (TP-gathered), the fused
 qkv of TP rank r holding rows ``[q_r; k_r; v_r]`` of its heads. Not supported (refused when built):
 SD3.5's dual-attention blocks (``dual_attention_layers``), pipeline parallelism (a joint block
 hands two streams and the embedding to the next one; megatron-core's schedule sends one tensor).
@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -128,7 +128,7 @@ def _linears(config: Any) -> tuple[Any, Any]:
     return col, row
 
 
-class _Block(nn.Module):
+class MMDiTBlock(nn.Module):
     """What both block kinds share: this TP rank's heads, per-head QK norms, attention, autocast
     and recomputation around the block's own ``_forward``."""
 
@@ -202,7 +202,7 @@ class _Block(nn.Module):
         raise NotImplementedError
 
 
-class MegatronJointBlock(_Block):
+class MegatronJointBlock(MMDiTBlock):
     """One MMDiT joint (double-stream) block: diffusers' SD3 ``JointTransformerBlock`` or FLUX's
     ``FluxTransformerBlock`` (``text_first``: the text leads the joint sequence; RoPE when the
     model passes ``image_rotary_emb``), on megatron-core layers, holding this tensor-parallel
@@ -264,7 +264,7 @@ class MegatronJointBlock(_Block):
         return c, h
 
 
-class MegatronSingleBlock(_Block):
+class MegatronSingleBlock(MMDiTBlock):
     """FLUX's single-stream block (diffusers ``FluxSingleTransformerBlock``) on megatron-core
     layers: ``[text; image]`` through one adaLN (shift, scale, gate), attention and a parallel
     MLP, whose outputs the row-parallel ``linear_out`` projects together."""
@@ -301,7 +301,7 @@ def build_mmdit(
 ) -> nn.Module:
     """A copy of the SD3 / FLUX MMDiT ``module`` whose blocks are `MegatronJointBlock`s (and, for
     FLUX, `MegatronSingleBlock`s), randomly initialised: load the weights with
-    `MMDiTBridge.load_weights`. The rest of the model is copied from ``module`` (its weights
+    `mmdit_bridge.MMDiTBridge.load_weights`. The rest of the model is copied from ``module`` (its weights
     included); ``module`` is left as it was. The random initialisation leaves torch's RNG
     streams as they were."""
     from unirl.train.backends.megatron import cpu
@@ -342,160 +342,3 @@ def build_mmdit(
         if bool(getattr(old, "context_pre_only", False)) != b.context_pre_only:
             raise ValueError("megatron MMDiT: only SD3's last joint block may be context_pre_only")
     return out.to(device)
-
-
-# ---- weights: diffusers names <-> this rank's megatron-core shards ---------------------------------
-_COL, _ROW, _REP = "column", "row", "replicated"
-
-
-class Rule(NamedTuple):
-    """How one megatron parameter is made of diffusers weights: ``sources`` (stacked along dim 0
-    per TP rank for a column split), the TP ``split``, and for a row split over a packed input the
-    ``segments`` (input widths, each split over the ranks)."""
-
-    sources: tuple[str, ...]
-    split: str
-    segments: tuple[int, ...] = ()
-
-
-def _joint_map(i: int, block: MegatronJointBlock) -> dict[str, Rule]:
-    """Megatron parameter name (within the model) -> its `Rule`, for joint block ``i``."""
-    p = f"transformer_blocks.{i}."
-    out: dict[str, Rule] = {}
-    for w in ("weight", "bias"):
-        row = _ROW if w == "weight" else _REP
-        out[f"{p}adaln.{w}"] = Rule((f"{p}norm1.linear.{w}",), _COL)
-        out[f"{p}adaln_context.{w}"] = Rule((f"{p}norm1_context.linear.{w}",), _COL)
-        out[f"{p}linear_qkv.{w}"] = Rule(tuple(f"{p}attn.to_{x}.{w}" for x in "qkv"), _COL)
-        out[f"{p}added_linear_qkv.{w}"] = Rule(tuple(f"{p}attn.add_{x}_proj.{w}" for x in "qkv"), _COL)
-        out[f"{p}mlp.linear_fc1.{w}"] = Rule((f"{p}ff.net.0.proj.{w}",), _COL)
-        out[f"{p}linear_proj.{w}"] = Rule((f"{p}attn.to_out.0.{w}",), row)
-        out[f"{p}mlp.linear_fc2.{w}"] = Rule((f"{p}ff.net.2.{w}",), row)
-        if not block.context_pre_only:
-            out[f"{p}added_linear_proj.{w}"] = Rule((f"{p}attn.to_add_out.{w}",), row)
-            out[f"{p}mlp_context.linear_fc1.{w}"] = Rule((f"{p}ff_context.net.0.proj.{w}",), _COL)
-            out[f"{p}mlp_context.linear_fc2.{w}"] = Rule((f"{p}ff_context.net.2.{w}",), row)
-    out |= _norm_rules(p, block)
-    return out
-
-
-def _single_map(i: int, block: MegatronSingleBlock) -> dict[str, Rule]:
-    p = f"single_transformer_blocks.{i}."
-    d, ffn = block.config.hidden_size, block.config.ffn_hidden_size
-    out: dict[str, Rule] = {}
-    for w in ("weight", "bias"):
-        out[f"{p}adaln.{w}"] = Rule((f"{p}norm.linear.{w}",), _COL)
-        out[f"{p}linear_qkv.{w}"] = Rule(tuple(f"{p}attn.to_{x}.{w}" for x in "qkv"), _COL)
-        out[f"{p}linear_mlp.{w}"] = Rule((f"{p}proj_mlp.{w}",), _COL)
-    out[f"{p}linear_out.weight"] = Rule((f"{p}proj_out.weight",), _ROW, (d, ffn))
-    out[f"{p}linear_out.bias"] = Rule((f"{p}proj_out.bias",), _REP)
-    return out | _norm_rules(p, block)
-
-
-def _norm_rules(p: str, block: _Block) -> dict[str, Rule]:
-    theirs = {
-        "q_layernorm": "norm_q",
-        "k_layernorm": "norm_k",
-        "added_q_layernorm": "norm_added_q",
-        "added_k_layernorm": "norm_added_k",
-    }
-    return {f"{p}norms.{m}.weight": Rule((f"{p}attn.{theirs[m]}.weight",), _REP) for m in block.norms}
-
-
-class MMDiTBridge:
-    """Diffusers-named weights in and out of `build_mmdit`'s model, split / gathered over the
-    tensor-parallel ranks (the interface MegatronBackend uses of an mbridge bridge)."""
-
-    def __init__(self, model: nn.Module, hf_names: Sequence[str]) -> None:
-        self.hf_names = list(hf_names)
-        """The diffusers model's parameter names, in its order."""
-        self.mapping: dict[str, Rule] = {}
-        for i, block in enumerate(model.transformer_blocks):
-            self.mapping |= _joint_map(i, block)
-        for i, block in enumerate(getattr(model, "single_transformer_blocks", ())):
-            self.mapping |= _single_map(i, block)
-        for name, _ in model.named_parameters():
-            if not name.startswith(("transformer_blocks.", "single_transformer_blocks.")):
-                self.mapping[name] = Rule((name,), _REP)  # the diffusers code around the blocks
-        covered = {n for rule in self.mapping.values() for n in rule.sources}
-        if covered != set(self.hf_names):
-            raise ValueError(
-                f"megatron MMDiT weight map does not cover the diffusers model: missing "
-                f"{sorted(set(self.hf_names) - covered)[:3]}, unexpected {sorted(covered - set(self.hf_names))[:3]}"
-            )
-
-    @staticmethod
-    def _tp() -> tuple[int, int, Any]:
-        from megatron.core import parallel_state as mpu
-
-        return (
-            mpu.get_tensor_model_parallel_rank(),
-            mpu.get_tensor_model_parallel_world_size(),
-            mpu.get_tensor_model_parallel_group(),
-        )
-
-    @staticmethod
-    def _shard(rule: Rule, state: Mapping[str, torch.Tensor], rank: int, tp: int) -> torch.Tensor:
-        """This rank's part of the diffusers weights of ``rule``."""
-        if rule.split == _COL:
-            return torch.cat([state[s].chunk(tp, dim=0)[rank] for s in rule.sources], dim=0)
-        if rule.split == _REP:
-            return state[rule.sources[0]]
-        w = state[rule.sources[0]]
-        pieces = w.split(list(rule.segments), dim=1) if rule.segments else (w,)
-        return torch.cat([piece.chunk(tp, dim=1)[rank] for piece in pieces], dim=1)
-
-    def load_weights(self, chunks: Sequence[nn.Module], state: Mapping[str, torch.Tensor]) -> None:
-        """Copy diffusers-named ``state`` into the model (this rank's TP shard of each weight)."""
-        rank, tp, _ = self._tp()
-        (model,) = chunks
-        params = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, rule in self.mapping.items():
-                missing = [s for s in rule.sources if s not in state]
-                if missing:
-                    raise KeyError(f"diffusers weight {missing[0]!r} is not in the state dict")
-                value, p = self._shard(rule, state, rank, tp), params[name]
-                if value.shape != p.shape:
-                    raise ValueError(
-                        f"{rule.sources} -> {name}: shape {tuple(value.shape)} != {tuple(p.shape)}"
-                    )
-                p.copy_(value.to(p.device, p.dtype))
-
-    def export_weights(self, chunks: Sequence[nn.Module]) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(diffusers name, full tensor)`` of every weight, in the diffusers model's order,
-        TP-gathered (collective over the TP group: every rank iterates in step)."""
-        import torch.distributed as dist
-
-        _, tp, group = self._tp()
-        (model,) = chunks
-        params = dict(model.named_parameters())
-        owner = {s: (name, k) for name, rule in self.mapping.items() for k, s in enumerate(rule.sources)}
-        for hf in self.hf_names:
-            name, k = owner[hf]
-            rule = self.mapping[name]
-            local = params[name].detach()
-            if rule.split == _REP:
-                yield hf, local
-                continue
-            parts = [local]
-            if tp > 1:
-                parts = [torch.empty_like(local) for _ in range(tp)]
-                dist.all_gather(parts, local.contiguous(), group=group)
-            if rule.split == _COL:  # each rank's rows: [source 0 shard; source 1 shard; ...]
-                yield hf, torch.cat([p.chunk(len(rule.sources), dim=0)[k] for p in parts], dim=0)
-            elif not rule.segments:
-                yield hf, torch.cat(parts, dim=1)
-            else:  # each rank's columns: [segment 0 shard, segment 1 shard, ...]
-                widths = [w // tp for w in rule.segments]
-                split = [p.split(widths, dim=1) for p in parts]
-                yield (
-                    hf,
-                    torch.cat([torch.cat([s[j] for s in split], dim=1) for j in range(len(widths))], dim=1),
-                )
-
-    def _weight_name_mapping_mcore_local_to_global(
-        self, chunk: nn.Module, consider_ep: bool = False
-    ) -> dict[str, str]:
-        """Every parameter's name in the whole model (one pipeline stage: the same names)."""
-        return {n: n for n, _ in chunk.named_parameters()}
