@@ -1,11 +1,11 @@
-"""MegatronMMDiTBackend: a diffusers SD3 / SD3.5 MMDiT trained with its joint blocks on megatron-core.
+"""MegatronMMDiTBackend: a diffusers SD3 / SD3.5 or FLUX.1 MMDiT trained with its blocks on megatron-core.
 
 The model (`mmdit.build_mmdit`) keeps the diffusers call, so it replaces the bundle's
 transformer: rollout (trainside sampling), replay and every loss run through the same
 megatron-core blocks (a diffusion model needs no KV-cached decode, so no separate rollout copy).
 Its tensor-parallel layers split each block's heads and MLP over the TP ranks; the rest of the
 world is data parallel. Weights, state and checkpoints are diffusers-named and TP-gathered
-(`MMDiTBridge`), so the weight planes, the Ray rollout workers' diffusers copies, the sharded
+(`mmdit_bridge.MMDiTBridge`), so the weight planes, the Ray rollout workers' diffusers copies, the sharded
 checkpoint format and the diffusers export take them unchanged, at any TP size.
 
 Pipeline parallelism, sequence parallelism and 'selective' recompute are refused when built

@@ -90,15 +90,9 @@ def transformer_config(hf: Mapping[str, Any], overrides: Mapping[str, Any], fami
         "params_dtype": torch.float32,
         "bias_activation_fusion": False,
         "gradient_accumulation_fusion": False,
-        **{k: v for k, v in overrides.items() if k in _TRANSFORMER_FIELDS},
+        **overrides,
     }
     return TransformerConfig(**fields)
-
-
-# the TransformerConfig fields the backend's overrides may set for the MMDiT
-_TRANSFORMER_FIELDS = frozenset(
-    {"tensor_model_parallel_size", "use_cpu_initialization", "perform_initialization", "sequence_parallel"}
-)
 
 
 def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
