@@ -17,7 +17,6 @@ Evaluation renders held-out user prompts through the enhancer (greedy AR, ODE re
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +35,9 @@ from unirl.apps.trainers.base import Trainer
 from unirl.apps.trainers.checkpoints import StacksCheckpoint
 from unirl.apps.trainers.pe_config import Recipe
 from unirl.apps.trainers.phases import apply_phase_lr
+from unirl.apps.trainers.prompt_reward import OriginalPromptReward
 from unirl.apps.worlds.shapes_paraphrase import ShapesParaphraseSource
-from unirl.reward.service import RewardService, sample_to_item
+from unirl.reward.service import RewardService
 from unirl.rollout.ar import ARPipeline
 from unirl.rollout.engines import TrainsideEngine
 from unirl.rollout.engines.composed import ComposedEngine
@@ -48,7 +48,6 @@ from unirl.train.stack import TrainStack
 from unirl.types import (
     LatentTrajectory,
     Part,
-    Reward,
     Sample,
     TextPrimitive,
     TextSegment,
@@ -61,34 +60,6 @@ from unirl.types.lineage import credit_parents, expand_children
 __all__ = ["OriginalPromptReward", "PETrainer", "Recipe", "run"]
 
 AR, DIFFUSION = "ar", "diffusion"
-
-
-class OriginalPromptReward:
-    """A RewardService that scores each Part against the ORIGINAL prompt: the record's canonical
-    meaning (``metadata.answer``, what the user's terse prompt says in the grammar the checker
-    reads) when there is one, else the Sample's own input text. Never the rewrite."""
-
-    def __init__(self, service: RewardService) -> None:
-        self.service = service
-
-    def score_samples(
-        self, samples: list[Sample], part_name: str, prompt_part: str | None = None
-    ) -> list[Reward]:
-        if prompt_part is not None:
-            raise ValueError(
-                "OriginalPromptReward scores against the original prompt; prompt_part must be None"
-            )
-        items = [sample_to_item(s, part_name) for s in samples]
-        items = [
-            dataclasses.replace(it, prompt=s.metadata.answer) if s.metadata.answer is not None else it
-            for it, s in zip(items, samples)
-        ]
-        out = []
-        for s, r in zip(samples, self.service.score(items)):
-            reward = Reward(total=r.total, components=dict(r.components))
-            s.part(part_name).reward = reward
-            out.append(reward)
-        return out
 
 
 @dataclass
