@@ -13,19 +13,27 @@ import random
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from unirl.apps.data import PromptSource, draw
-from unirl.apps.loop import StopFlag, by_group, has_signal, latest_checkpoint, make_samples, pick_device
+from unirl.apps.loop import (
+    PromptRecord,
+    StopFlag,
+    by_group,
+    has_signal,
+    latest_checkpoint,
+    make_samples,
+    pick_device,
+)
 from unirl.apps.progress import PhaseProgress
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.checkpoints import restore_run, run_extra
 from unirl.apps.trainers.components import DomainSteps, NoSteps, SampleScorer
 from unirl.apps.trainers.evaluation import Evaluation
-from unirl.apps.trainers.phases import apply_phase_lr
+from unirl.apps.trainers.phases import RLPhase, SFTStopConfig, apply_phase_lr
 from unirl.rollout.engines import RolloutEngine
 from unirl.train.algorithms import StageAlgorithm
 from unirl.train.backends import TrainBackend
@@ -34,6 +42,9 @@ from unirl.train.geometry import BatchGeometry
 from unirl.train.stack import TrainStack
 from unirl.types import Part, Sample, compute_sample_advantages
 from unirl.types.faults import fault_point
+
+if TYPE_CHECKING:
+    from unirl.apps.asynchronous.source import AsyncSource, RolloutSide
 
 log = logging.getLogger("unirl")
 SFT_PROBE_SEED = 104_729
@@ -75,7 +86,9 @@ class Trainer(Evaluation):
         self.grids: list[str] = []
         self.rl_started: float | None = None  # while RL runs: when it (re)started
         self.checkpoint_rows: int | None = 0  # metrics rows the checkpoint resumed from had logged
-        self.async_source: Any = None  # the async lifecycle's rollout thread + buffer, during RL
+        self.async_source: AsyncSource | None = (
+            None  # the async lifecycle's rollout thread + buffer, during RL
+        )
         self.async_state: tuple[dict[str, Any], bytes] | None = None  # its buffer, from a checkpoint
         self._sft_algorithm: Any = None
 
@@ -88,7 +101,7 @@ class Trainer(Evaluation):
         """The domain's model-free steps (``self.steps``; the Ray controller builds its own)."""
         return NoSteps()
 
-    def rollout_side(self) -> Any:
+    def rollout_side(self) -> RolloutSide:
         """The async lifecycle's rollout side (``unirl.apps.asynchronous.RolloutSide``): here a
         rollout copy of the policy in this process; the Ray layout's rollout workers there."""
         from unirl.apps.asynchronous.source import LocalRolloutSide
@@ -208,7 +221,7 @@ class Trainer(Evaluation):
         self._timed("sft", t0)
         self.after_phase("sft")
 
-    def _sft_level_reached(self, stop: Any) -> bool:
+    def _sft_level_reached(self, stop: SFTStopConfig) -> bool:
         """`sft.stop`: probe the training prompts every `stop.every` steps; True (and SFT is done)
         once the metric reaches `stop.at_least`."""
         if self.sft_step < stop.min_steps or self.sft_step % stop.every:
@@ -279,8 +292,8 @@ class Trainer(Evaluation):
 
     def collect(
         self,
-        phase: Any,
-        train: list[Any],
+        phase: RLPhase,
+        train: list[PromptRecord],
         step: int,
         rollout: Callable[[list[Sample], int], list[Sample]] | None = None,
     ) -> tuple[list[Sample], dict[str, float]]:

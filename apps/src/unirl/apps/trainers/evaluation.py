@@ -18,7 +18,7 @@ import torch
 
 from unirl.apps.data import PromptSource
 from unirl.apps.evalstats import solved_by_prompt, summarize_scores
-from unirl.apps.loop import by_group, make_samples
+from unirl.apps.loop import PromptRecord, by_group, make_samples
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.components import DomainSteps, SampleScorer
 from unirl.rollout.engines import RolloutEngine
@@ -57,7 +57,9 @@ class Evaluation:
         """How different one prompt's samples are (mean over prompts: the eval's ``diversity``)."""
         return self.steps.sample_diversity(samples)
 
-    def sample_prompts(self, records: Sequence[Any], samples_per_prompt: int, params: Any) -> list[Sample]:
+    def sample_prompts(
+        self, records: Sequence[PromptRecord], samples_per_prompt: int, params: Any
+    ) -> list[Sample]:
         """``samples_per_prompt`` samples of each record with the given sampling params (eval ids:
         the same records always start from the same initial noise)."""
         samples = make_samples(
@@ -68,7 +70,7 @@ class Evaluation:
         return self.engine.generate(samples, rollout_step=0)
 
     def measure(
-        self, records: Sequence[Any], samples_per_prompt: int
+        self, records: Sequence[PromptRecord], samples_per_prompt: int
     ) -> tuple[list[Sample], list[Reward], dict[str, list[float]], dict[str, float]]:
         """Each record sampled ``samples_per_prompt`` times with the evaluation's sampler, scored:
         (samples, rewards, solved per prompt, metrics as ``summarize_scores``)."""
