@@ -50,25 +50,10 @@ def export_run(
     ema: bool = False,
 ) -> Path:
     """Export ``run_dir``'s last checkpoint; returns the output folder (default ``RUN_DIR/export-<fmt>``)."""
-    from unirl.apps.loop import latest_checkpoint
     from unirl.train.checkpoint import load_checkpoint
 
     root = Path(run_dir)
-    cfg_path = root / "config.yaml"
-    if not cfg_path.is_file():
-        raise RecipeError(f"{root} has no config.yaml: not a unirl run directory (unirl train writes one)")
-    data = yaml.safe_load(cfg_path.read_text())
-    kind = data.get("trainer")
-    if kind not in FORMATS:
-        raise RecipeError(
-            f"export supports trainer: {' / '.join(FORMATS)} runs; {cfg_path} has trainer={kind!r}"
-        )
-    if fmt != FORMATS[kind]:
-        raise RecipeError(f"a {kind} run exports as --format {FORMATS[kind]}, not --format {fmt}")
-    recipe = validate(recipe_class(kind), data, source=str(cfg_path))
-    ckpt = latest_checkpoint(root)
-    if ckpt is None:
-        raise RecipeError(f"{root}/checkpoints has no complete checkpoint to export; train the run first")
+    kind, recipe, ckpt = _exportable_run(root, fmt)
     lora = getattr(recipe.backend, "lora", None)
     if merge_lora and lora is None:
         raise RecipeError(
@@ -122,6 +107,29 @@ def export_run(
     }
     (dest / "unirl_export.json").write_text(json.dumps(meta, indent=2) + "\n")
     return dest
+
+
+def _exportable_run(root: Path, fmt: str) -> tuple[str, ARRecipe | DiffusionRecipe, Path]:
+    """``(trainer kind, validated recipe, last complete checkpoint)`` of the run at ``root``, or a
+    RecipeError when it is no run, its trainer cannot export as ``fmt``, or it has no checkpoint."""
+    from unirl.apps.loop import latest_checkpoint
+
+    cfg_path = root / "config.yaml"
+    if not cfg_path.is_file():
+        raise RecipeError(f"{root} has no config.yaml: not a unirl run directory (unirl train writes one)")
+    data = yaml.safe_load(cfg_path.read_text())
+    kind = data.get("trainer")
+    if kind not in FORMATS:
+        raise RecipeError(
+            f"export supports trainer: {' / '.join(FORMATS)} runs; {cfg_path} has trainer={kind!r}"
+        )
+    if fmt != FORMATS[kind]:
+        raise RecipeError(f"a {kind} run exports as --format {FORMATS[kind]}, not --format {fmt}")
+    recipe = validate(recipe_class(kind), data, source=str(cfg_path))
+    ckpt = latest_checkpoint(root)
+    if ckpt is None:
+        raise RecipeError(f"{root}/checkpoints has no complete checkpoint to export; train the run first")
+    return kind, recipe, ckpt
 
 
 def _nullcontext() -> Any:

@@ -3,6 +3,7 @@
 A domain trainer (diffusion, ar) builds its bundle, pipeline, backend, engine, reward and data in
 ``__init__`` and supplies the few domain steps: ``sft_parts``, ``eval_params`` and ``save_grid``.
 The RL step itself reads top to bottom: prompts -> rollout -> reward -> advantages -> train.
+Held-out evaluation is in ``evaluation.py``.
 """
 
 from __future__ import annotations
@@ -10,38 +11,49 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from unirl.apps.data import PromptSource, draw
-from unirl.apps.evalstats import solved_by_prompt, summarize_scores
-from unirl.apps.loop import StopFlag, by_group, has_signal, latest_checkpoint, make_samples, pick_device
+from unirl.apps.loop import (
+    PromptRecord,
+    StopFlag,
+    by_group,
+    has_signal,
+    latest_checkpoint,
+    make_samples,
+    pick_device,
+)
 from unirl.apps.progress import PhaseProgress
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.checkpoints import restore_run, run_extra
 from unirl.apps.trainers.components import DomainSteps, NoSteps, SampleScorer
-from unirl.apps.trainers.phases import apply_phase_lr
+from unirl.apps.trainers.evaluation import Evaluation
+from unirl.apps.trainers.phases import RLPhase, SFTStopConfig, apply_phase_lr
 from unirl.rollout.engines import RolloutEngine
 from unirl.train.algorithms import StageAlgorithm
 from unirl.train.backends import TrainBackend
 from unirl.train.checkpoint import load_checkpoint, save_checkpoint
 from unirl.train.geometry import BatchGeometry
 from unirl.train.stack import TrainStack
-from unirl.types import Part, Reward, Sample, compute_sample_advantages
+from unirl.types import Part, Sample, compute_sample_advantages
 from unirl.types.faults import fault_point
+
+if TYPE_CHECKING:
+    from unirl.apps.asynchronous.source import AsyncSource, RolloutSide
 
 log = logging.getLogger("unirl")
 SFT_PROBE_SEED = 104_729
 """Seed of the fixed training-prompt subset `sft.stop` probes (independent of the run's seed)."""
 
 
-class Trainer:
-    """Shared controller; subclasses set the attributes listed in ``__init__``."""
+class Trainer(Evaluation):
+    """Shared controller; subclasses set the attributes listed in ``__init__``. Held-out
+    evaluation (``evaluate`` and its hooks) is in ``evaluation.Evaluation``."""
 
     stage: str
     backend: TrainBackend
@@ -74,7 +86,9 @@ class Trainer:
         self.grids: list[str] = []
         self.rl_started: float | None = None  # while RL runs: when it (re)started
         self.checkpoint_rows: int | None = 0  # metrics rows the checkpoint resumed from had logged
-        self.async_source: Any = None  # the async lifecycle's rollout thread + buffer, during RL
+        self.async_source: AsyncSource | None = (
+            None  # the async lifecycle's rollout thread + buffer, during RL
+        )
         self.async_state: tuple[dict[str, Any], bytes] | None = None  # its buffer, from a checkpoint
         self._sft_algorithm: Any = None
 
@@ -82,23 +96,12 @@ class Trainer:
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:
         raise NotImplementedError
 
-    def eval_params(self) -> Any:
-        """Sampling params for held-out evaluation."""
-        raise NotImplementedError
-
     @classmethod
     def make_steps(cls, recipe: Any, algorithm: object) -> DomainSteps:
         """The domain's model-free steps (``self.steps``; the Ray controller builds its own)."""
         return NoSteps()
 
-    def save_grid(self, samples: list[Sample], rewards: list[float], path: Path) -> Path | None:
-        return self.steps.save_grid(samples, rewards, path)
-
-    def sample_diversity(self, samples: list[Sample]) -> float | None:
-        """How different one prompt's samples are (mean over prompts: the eval's ``diversity``)."""
-        return self.steps.sample_diversity(samples)
-
-    def rollout_side(self) -> Any:
+    def rollout_side(self) -> RolloutSide:
         """The async lifecycle's rollout side (``unirl.apps.asynchronous.RolloutSide``): here a
         rollout copy of the policy in this process; the Ray layout's rollout workers there."""
         from unirl.apps.asynchronous.source import LocalRolloutSide
@@ -218,7 +221,7 @@ class Trainer:
         self._timed("sft", t0)
         self.after_phase("sft")
 
-    def _sft_level_reached(self, stop: Any) -> bool:
+    def _sft_level_reached(self, stop: SFTStopConfig) -> bool:
         """`sft.stop`: probe the training prompts every `stop.every` steps; True (and SFT is done)
         once the metric reaches `stop.at_least`."""
         if self.sft_step < stop.min_steps or self.sft_step % stop.every:
@@ -289,8 +292,8 @@ class Trainer:
 
     def collect(
         self,
-        phase: Any,
-        train: list[Any],
+        phase: RLPhase,
+        train: list[PromptRecord],
         step: int,
         rollout: Callable[[list[Sample], int], list[Sample]] | None = None,
     ) -> tuple[list[Sample], dict[str, float]]:
@@ -333,58 +336,6 @@ class Trainer:
             extra["extra_rollouts"] = float(rounds)
             extra["batch_groups_with_signal"] = float(min(len(kept), n)) / n
         return samples, extra
-
-    # ---- evaluation ---------------------------------------------------------------------------
-    def sample_prompts(self, records: Sequence[Any], samples_per_prompt: int, params: Any) -> list[Sample]:
-        """``samples_per_prompt`` samples of each record with the given sampling params (eval ids:
-        the same records always start from the same initial noise)."""
-        samples = make_samples(
-            list(records), step=0, samples_per_prompt=samples_per_prompt, split="eval", dataset=self.data.name
-        )
-        for s in samples:
-            s.ensure_part(self.stage).sampling_params = params
-        return self.engine.generate(samples, rollout_step=0)
-
-    def measure(
-        self, records: Sequence[Any], samples_per_prompt: int
-    ) -> tuple[list[Sample], list[Reward], dict[str, list[float]], dict[str, float]]:
-        """Each record sampled ``samples_per_prompt`` times with the evaluation's sampler, scored:
-        (samples, rewards, solved per prompt, metrics as ``summarize_scores``)."""
-        samples = self.sample_prompts(records, samples_per_prompt, self.eval_params())
-        scored = self.reward.score_samples(samples, self.stage)
-        outcomes = solved_by_prompt(scored, samples, self.cfg.eval.success_threshold)
-        return samples, scored, outcomes, summarize_scores(scored, outcomes)
-
-    @torch.no_grad()
-    def evaluate(self, name: str, *, step: int, grid: bool = False) -> dict[str, float]:
-        """Held-out prompts, ``eval.samples_per_prompt`` each. Metrics: ``reward`` (mean),
-        ``accuracy`` (the fraction of samples reaching ``success_threshold``: GenEval's accuracy,
-        what RL is judged on) and ``pass_at_k`` (the fraction of prompts with at least one such
-        sample among their k)."""
-        ev = self.cfg.eval
-        records = self.data.eval_records()[: ev.num_prompts]
-        if not records:
-            return {}
-        t0 = time.time()
-        samples, scored, outcomes, m = self.measure(records, ev.samples_per_prompt)
-        per_prompt = [self.sample_diversity(g) for g in by_group(samples).values()]
-        if per_prompt and None not in per_prompt:
-            m["diversity"] = float(np.nanmean(np.asarray(per_prompt, dtype=float)))
-        self.evals[name] = m
-        self.eval_steps[name] = step
-        self.eval_outcomes[name] = outcomes
-        self.run.log(step, {f"eval_{k}": v for k, v in m.items()}, phase="eval")
-        log.info("eval %-8s reward=%.3f accuracy=%.1f%% pass@%d=%.1f%% (%d prompts)", name, m["reward"],
-                 100 * m["accuracy"], ev.samples_per_prompt, 100 * m["pass_at_k"], len(outcomes))  # fmt: skip
-        if grid and ev.grid_size:
-            k = ev.grid_size
-            path = self.save_grid(
-                samples[:k], [r.total for r in scored[:k]], self.run.samples / f"{name}.png"
-            )
-            if path is not None:
-                self.grids.append(str(path.relative_to(self.run.root)))
-        self._timed("eval", t0)
-        return m
 
     # ---- checkpoints --------------------------------------------------------------------------
     def checkpoint_target(self) -> tuple[Any, str]:

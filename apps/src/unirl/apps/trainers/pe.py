@@ -17,8 +17,8 @@ Evaluation renders held-out user prompts through the enhancer (greedy AR, ODE re
 
 from __future__ import annotations
 
-import dataclasses
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ import torch
 
 from unirl.apps.data import draw
 from unirl.apps.launch import run_trainer
-from unirl.apps.loop import StopFlag, make_samples, signal_fraction
+from unirl.apps.loop import PromptRecord, StopFlag, make_samples, signal_fraction
 from unirl.apps.plots import sample_grid
 from unirl.apps.progress import PhaseProgress
 from unirl.apps.run_dir import RunDir
@@ -36,16 +36,19 @@ from unirl.apps.trainers.base import Trainer
 from unirl.apps.trainers.checkpoints import StacksCheckpoint
 from unirl.apps.trainers.pe_config import Recipe
 from unirl.apps.trainers.phases import apply_phase_lr
+from unirl.apps.trainers.prompt_reward import OriginalPromptReward
 from unirl.apps.worlds.shapes_paraphrase import ShapesParaphraseSource
-from unirl.reward.service import RewardService, sample_to_item
+from unirl.reward.service import RewardService
 from unirl.rollout.ar import ARPipeline
 from unirl.rollout.engines import TrainsideEngine
 from unirl.rollout.engines.composed import ComposedEngine
 from unirl.rollout.pipelines import FlowMatchPipeline
-from unirl.train.algorithms import ContextReference, UsesReference
+from unirl.train.algorithms import ContextReference, StageAlgorithm, UsesReference
+from unirl.train.backends import TrainBackend
 from unirl.train.geometry import BatchGeometry
 from unirl.train.stack import TrainStack
 from unirl.types import (
+    ARSamplingParams,
     LatentTrajectory,
     Part,
     Reward,
@@ -63,43 +66,15 @@ __all__ = ["OriginalPromptReward", "PETrainer", "Recipe", "run"]
 AR, DIFFUSION = "ar", "diffusion"
 
 
-class OriginalPromptReward:
-    """A RewardService that scores each Part against the ORIGINAL prompt: the record's canonical
-    meaning (``metadata.answer``, what the user's terse prompt says in the grammar the checker
-    reads) when there is one, else the Sample's own input text. Never the rewrite."""
-
-    def __init__(self, service: RewardService) -> None:
-        self.service = service
-
-    def score_samples(
-        self, samples: list[Sample], part_name: str, prompt_part: str | None = None
-    ) -> list[Reward]:
-        if prompt_part is not None:
-            raise ValueError(
-                "OriginalPromptReward scores against the original prompt; prompt_part must be None"
-            )
-        items = [sample_to_item(s, part_name) for s in samples]
-        items = [
-            dataclasses.replace(it, prompt=s.metadata.answer) if s.metadata.answer is not None else it
-            for it, s in zip(items, samples)
-        ]
-        out = []
-        for s, r in zip(samples, self.service.score(items)):
-            reward = Reward(total=r.total, components=dict(r.components))
-            s.part(part_name).reward = reward
-            out.append(reward)
-        return out
-
-
 @dataclass
 class Side:
     """One sibling stack: its backend, pipeline (replay), RL settings (None = frozen) and algorithm."""
 
     name: str
-    backend: Any
-    pipeline: Any
-    rl: Any
-    algorithm: Any
+    backend: TrainBackend
+    pipeline: ARPipeline | FlowMatchPipeline
+    rl: Any  # ARStackRL | DiffusionStackRL | None
+    algorithm: Any  # StageAlgorithm | None: None exactly when rl is
 
 
 @dataclass
@@ -161,10 +136,12 @@ class PETrainer(Trainer):
             DIFFUSION: self._side(DIFFUSION, self.backend, self.pipeline, d.rl),
         }
         self.algorithm = None  # each Side has its own
-        self._sft_algorithms: dict[str, Any] = {}  # side -> its SFT algorithm (sft_side_algorithm)
+        self._sft_algorithms: dict[str, StageAlgorithm] = {}  # side -> its SFT algorithm (sft_side_algorithm)
         self.batch: PEBatch | None = None  # collect's rollout, consumed by the train step
 
-    def _side(self, name: str, backend: Any, pipeline: Any, rl: Any) -> Side:
+    def _side(
+        self, name: str, backend: TrainBackend, pipeline: ARPipeline | FlowMatchPipeline, rl: Any
+    ) -> Side:
         alg = rl.algorithm.build() if rl is not None else None
         if isinstance(alg, UsesReference) and rl.algorithm.needs_reference:
             alg.set_reference(ContextReference(pipeline, backend.reference_weights))
@@ -202,7 +179,7 @@ class PETrainer(Trainer):
                         self.save()
         self._timed("sft", t0)
 
-    def sft_side_algorithm(self, name: str) -> Any:
+    def sft_side_algorithm(self, name: str) -> StageAlgorithm:
         """Side ``name``'s SFT algorithm, built once per process (a checkpoint saves its generator)."""
         if name not in self._sft_algorithms:
             phase = self.cfg.ar.sft if name == AR else self.cfg.diffusion.sft
@@ -256,7 +233,11 @@ class PETrainer(Trainer):
 
     # ---- RL: prompts -> rewrites -> renders -> reward -> credit -> advantages -> both stacks ----
     def collect(
-        self, phase: Any, train: list[Any], step: int, rollout: Any = None
+        self,
+        phase: Any,
+        train: list[PromptRecord],
+        step: int,
+        rollout: Callable[[list[Sample], int], list[Sample]] | None = None,
     ) -> tuple[list[Sample], dict[str, float]]:
         """One PE step's rollout; returns the renders (the loop logs their reward) and keeps the
         rewrites for the train step (``self.batch``)."""
@@ -294,7 +275,7 @@ class PETrainer(Trainer):
         """No one SFT algorithm: each side has its own (``sft_side_algorithm``)."""
         return None
 
-    def begin_phase(self, name: str, *, starting: bool = False) -> Any:
+    def begin_phase(self, name: str, *, starting: bool = False) -> Callable[[list[Part]], dict[str, float]]:
         if name != "rl":
             raise ValueError(f"PETrainer.begin_phase({name!r}): its SFT runs in sft()")
         stacks: dict[str, TrainStack] = {}
@@ -337,10 +318,12 @@ class PETrainer(Trainer):
         return m | {"loss": loss}
 
     # ---- evaluation ---------------------------------------------------------------------------
-    def eval_params(self) -> Any:
+    def eval_params(self) -> ARSamplingParams:
         return self.cfg.ar.eval_sampling or self.cfg.ar.sampling.model_copy(update={"top_k": 1})
 
-    def sample_prompts(self, records: Any, samples_per_prompt: int, params: Any) -> list[Sample]:
+    def sample_prompts(
+        self, records: Sequence[PromptRecord], samples_per_prompt: int, params: Any
+    ) -> list[Sample]:
         """Held-out prompts rendered through the enhancer (``params``: its sampling), or from the raw
         prompts while ``self.unenhanced``; the renderer samples with the ODE."""
         samples = make_samples(
@@ -356,7 +339,9 @@ class PETrainer(Trainer):
             s.ensure_part(AR).sampling_params = params
         return self.engine.generate(samples, rollout_step=0)
 
-    def measure(self, records: Any, samples_per_prompt: int) -> Any:
+    def measure(
+        self, records: Sequence[PromptRecord], samples_per_prompt: int
+    ) -> tuple[list[Sample], list[Reward], dict[str, list[float]], dict[str, float]]:
         """The base measure, plus ``rewrite_exact``: the fraction of enhanced prompts that are the
         canonical caption (what the renderer was trained on), so a gain can be told apart from
         the rewrites it comes from."""
@@ -386,7 +371,7 @@ class PETrainer(Trainer):
         ]
         return sample_grid(imgs, labels, path)
 
-    def checkpoint_target(self) -> tuple[Any, str]:
+    def checkpoint_target(self) -> tuple[StacksCheckpoint, str]:
         """Both stacks in one atomic checkpoint (gathered: ``StacksCheckpoint`` has no shards)."""
         return StacksCheckpoint({AR: self.ar_backend, DIFFUSION: self.backend}), "full"
 

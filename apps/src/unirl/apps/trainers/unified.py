@@ -26,8 +26,8 @@ from unirl.apps.loop import make_samples, signal_fraction
 from unirl.apps.plots import sample_grid
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.base import Trainer
-from unirl.apps.trainers.pe import OriginalPromptReward
 from unirl.apps.trainers.phases import apply_phase_lr
+from unirl.apps.trainers.prompt_reward import OriginalPromptReward
 from unirl.apps.trainers.unified_config import Recipe, TinyUnifiedModelConfig
 from unirl.apps.worlds.shapes_paraphrase import ShapesParaphraseSource
 from unirl.reward.service import RewardService

@@ -85,6 +85,40 @@ class DecodeState:
             finished=self.finished_B.cpu(),
         )
 
+    def sync_finished(
+        self, steps: int, stop_check: Callable[[list[int]], bool] | None, group: Any = None
+    ) -> bool:
+        """One host sync after ``steps`` steps: mark the rows whose text holds a stop string
+        (``stop_check``) finished, then whether every row is, on every rank of ``group`` if given."""
+        if stop_check is not None:
+            _mark_stop_strings(self.tokens_BN[:, :steps], self.lengths_B, self.finished_B, stop_check)
+        done = self.finished_B.all().to(torch.int32)
+        if group is not None:
+            torch.distributed.all_reduce(done, op=torch.distributed.ReduceOp.MIN, group=group)
+        return bool(done)
+
+
+def stop_tensors(
+    limits: Sequence[int], stop_token_ids: Sequence[int], pad_token_id: int, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(limits_B, stop_ids, pad)`` on ``device``: what ``record_step`` needs to end rows."""
+    limits_B = torch.tensor(list(limits), dtype=torch.long, device=device)
+    stop_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long, device=device)
+    pad = torch.tensor(pad_token_id, dtype=torch.long, device=device)
+    return limits_B, stop_ids, pad
+
+
+def prefill(model: nn.Module, ids_BP: Tensor, mask_BP: Tensor, kw: str, cache: Any) -> Tensor:
+    """Run the left-padded prompt block into ``cache``; the logits at each row's last prompt
+    position ``[B, V]``. ``kw`` is the model's cache keyword (``cache_kwarg``)."""
+    positions_BP = (mask_BP.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=ids_BP, attention_mask=mask_BP, position_ids=positions_BP, use_cache=True, logits_to_keep=1,
+        **{kw: cache},
+    )  # fmt: skip
+    logits_BV: Tensor = out.logits[:, -1]
+    return logits_BV
+
 
 def record_step(
     st: DecodeState,
@@ -155,33 +189,18 @@ def decode(
         )
     device = next(model.parameters()).device
     B = len(prompts)
-    N = max(limits)
     group = _resolve_group(lockstep_group)
-    if group is not None:
-        N = _all_reduce_int(N, device, group, torch.distributed.ReduceOp.MAX)
-    ids_BP, mask_BP = left_pad(prompts, pad_token_id, device)
+    N, u_BN = _step_budget(limits, uniforms_BN, B, device, group)
+    ids_BP, mask_BP, attn_BL, pos_B = _prompt_block(prompts, pad_token_id, device, N)
     P = ids_BP.shape[1]
-    attn_BL = torch.ones((B, P + N), dtype=torch.long, device=device)
-    attn_BL[:, :P] = mask_BP
-    pos_B = mask_BP.sum(-1)  # position of the first response token
-    u_BN = uniforms_BN.to(device)
-    if u_BN.shape[1] < N:  # only with lockstep: the extra steps are past every local row's limit
-        u_BN = torch.cat([u_BN, u_BN.new_zeros(B, N - u_BN.shape[1])], dim=1)
-    limits_B = torch.tensor(list(limits), dtype=torch.long, device=device)
-    stop_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long, device=device)
-    pad = torch.tensor(pad_token_id, dtype=torch.long, device=device)
+    limits_B, stop_ids, pad = stop_tensors(limits, stop_token_ids, pad_token_id, device)
 
     st = DecodeState(B, N, device, pad_token_id)
     sample = dict(temperature=temperature, top_k=top_k, top_p=top_p)
 
     kw = cache_kwarg(model)
     cache = DynamicCache(config=getattr(model, "config", None))
-    positions_BP = (mask_BP.cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=ids_BP, attention_mask=mask_BP, position_ids=positions_BP, use_cache=True, logits_to_keep=1,
-        **{kw: cache},
-    )  # fmt: skip
-    logits_BV = out.logits[:, -1]
+    logits_BV = prefill(model, ids_BP, mask_BP, kw, cache)
     steps = 0
     for t in range(N):
         st.t.fill_(t)
@@ -189,27 +208,52 @@ def decode(
         steps = t + 1
         if steps == N:
             break
-        if steps % sync_every == 0:
-            if stop_check is not None:
-                _mark_stop_strings(st.tokens_BN[:, :steps], st.lengths_B, st.finished_B, stop_check)
-            done = st.finished_B.all().to(torch.int32)
-            if group is not None:
-                torch.distributed.all_reduce(done, op=torch.distributed.ReduceOp.MIN, group=group)
-            if bool(done):
-                break
-        if interrupt is not None and steps % interrupt_every == 0:
-            if stop_check is not None:  # a row already holding a stop string is not continued
-                _mark_stop_strings(st.tokens_BN[:, :steps], st.lengths_B, st.finished_B, stop_check)
-            if not bool(st.finished_B.all()) and interrupt():
-                result = st.output(steps)
-                result.interrupted = True
-                return result
+        if steps % sync_every == 0 and st.sync_finished(steps, stop_check, group):
+            break
+        # a row already holding a stop string is not continued (interrupt excludes lockstep)
+        if (
+            interrupt is not None
+            and steps % interrupt_every == 0
+            and not st.sync_finished(steps, stop_check)
+            and interrupt()
+        ):
+            result = st.output(steps)
+            result.interrupted = True
+            return result
         out = model(
             input_ids=st.tok_B1, attention_mask=attn_BL[:, : P + steps], position_ids=(pos_B + t)[:, None],
             use_cache=True, **{kw: cache},
         )  # fmt: skip
         logits_BV = out.logits[:, -1]
     return st.output(steps)
+
+
+def _step_budget(
+    limits: Sequence[int], uniforms_BN: Tensor, B: int, device: torch.device, group: Any
+) -> tuple[int, Tensor]:
+    """``(N, u_BN)``: the steps to run (with ``group``, the max over its ranks) and the uniforms
+    on ``device``, zero-padded to ``N`` columns (only with lockstep: the extra steps are past
+    every local row's limit)."""
+    N = max(limits)
+    if group is not None:
+        N = _all_reduce_int(N, device, group, torch.distributed.ReduceOp.MAX)
+    u_BN = uniforms_BN.to(device)
+    if u_BN.shape[1] < N:
+        u_BN = torch.cat([u_BN, u_BN.new_zeros(B, N - u_BN.shape[1])], dim=1)
+    return N, u_BN
+
+
+def _prompt_block(
+    prompts: Sequence[Sequence[int]], pad_token_id: int, device: torch.device, N: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``left_pad``'s ``(ids_BP, mask_BP)``, the attention mask ``attn_BL`` over prompt and ``N``
+    response slots, and ``pos_B``, the position of each row's first response token."""
+    ids_BP, mask_BP = left_pad(prompts, pad_token_id, device)
+    B, P = ids_BP.shape
+    attn_BL = torch.ones((B, P + N), dtype=torch.long, device=device)
+    attn_BL[:, :P] = mask_BP
+    pos_B = mask_BP.sum(-1)
+    return ids_BP, mask_BP, attn_BL, pos_B
 
 
 def _resolve_group(group: Any) -> Any:

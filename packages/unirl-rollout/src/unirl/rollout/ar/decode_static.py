@@ -45,10 +45,11 @@ from transformers import StaticCache
 from unirl.rollout.ar.decode import (
     DecodeOutput,
     DecodeState,
-    _mark_stop_strings,
     cache_kwarg,
     left_pad,
+    prefill,
     record_step,
+    stop_tensors,
 )
 from unirl.rollout.ar.fused_decode import FusedLM, require_gathered
 
@@ -137,32 +138,64 @@ def decode_static(
         )
     device = next(model.parameters()).device
     B, N = len(prompts), max(limits)
-    ids_BP, mask_BP = left_pad(prompts, pad_token_id, device)
-    extra = (-ids_BP.shape[1]) % pad_prompt_to
-    if extra:
-        ids_BP = torch.nn.functional.pad(ids_BP, (extra, 0), value=pad_token_id)
-        mask_BP = torch.nn.functional.pad(mask_BP, (extra, 0), value=0)
+    ids_BP, mask_BP = _padded_prompts(prompts, pad_token_id, device, pad_prompt_to)
     P = ids_BP.shape[1]
     L = P + N
     u_BN = uniforms_BN.to(device, torch.float32)[:, :N].contiguous()
-    limits_B = torch.tensor(list(limits), dtype=torch.long, device=device)
-    stop_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long, device=device)
-    pad = torch.tensor(pad_token_id, dtype=torch.long, device=device)
-    keep_L = torch.cat([mask_BP.bool(), torch.ones(B, N, dtype=torch.bool, device=device)], dim=1)
-    kv_idx_L = torch.arange(L, device=device)
-    pos_B = mask_BP.sum(-1)  # position id of the first response token
+    limits_B, stop_ids, pad = stop_tensors(limits, stop_token_ids, pad_token_id, device)
 
     kw = cache_kwarg(model)
     _check_model(model)
     cache = StaticCache(config=model.config, max_cache_len=L)
     st = DecodeState(B, N, device, pad_token_id)
     sample = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-    out = model(
-        input_ids=ids_BP, attention_mask=mask_BP, position_ids=(mask_BP.cumsum(-1) - 1).clamp(min=0),
-        use_cache=True, logits_to_keep=1, **{kw: cache},
-    )  # fmt: skip
-    record_step(st, out.logits[:, -1], u_BN, limits_B, stop_ids, pad, **sample)  # step 0
+    logits_BV = prefill(model, ids_BP, mask_BP, kw, cache)
+    record_step(st, logits_BV, u_BN, limits_B, stop_ids, pad, **sample)  # step 0
 
+    io = _StepIO.of(st, mask_BP, N, u_BN, limits_B, stop_ids, pad)
+    step = _bound_step(model, cache, kw, io, sample, fused=fused, compile=compile)
+    runner = _bucket_runners(step, st, cache, use_graph=graph and device.type == "cuda")
+    _register_attention()
+    saved_impl, model.config._attn_implementation = model.config._attn_implementation, ATTENTION
+    steps = 1
+    unhooked = _fsdp_hooks_detached(model) if compile and not fused else contextlib.nullcontext()
+    try:
+        with unhooked:
+            for t in range(1, N):
+                if steps % sync_every == 0 and st.sync_finished(steps, stop_check):
+                    break
+                st.t.fill_(t)
+                runner(min(L, -(-(P + t) // kv_bucket) * kv_bucket) if kv_bucket > 0 else L)()
+                steps = t + 1
+    finally:
+        model.config._attn_implementation = saved_impl
+        _KV_LEN[0] = 0
+    return st.output(steps)
+
+
+def _padded_prompts(
+    prompts: Sequence[Sequence[int]], pad_token_id: int, device: torch.device, pad_prompt_to: int
+) -> tuple[Tensor, Tensor]:
+    """``left_pad``, with the prompt block further left-padded to a multiple of ``pad_prompt_to``."""
+    ids_BP, mask_BP = left_pad(prompts, pad_token_id, device)
+    extra = (-ids_BP.shape[1]) % pad_prompt_to
+    if extra:
+        ids_BP = torch.nn.functional.pad(ids_BP, (extra, 0), value=pad_token_id)
+        mask_BP = torch.nn.functional.pad(mask_BP, (extra, 0), value=0)
+    return ids_BP, mask_BP
+
+
+def _bound_step(
+    model: nn.Module,
+    cache: StaticCache,
+    kw: str,
+    io: _StepIO,
+    sample: dict[str, Any],
+    *,
+    fused: bool,
+    compile: bool,
+) -> Callable[[], None]:
+    """The static step with all its inputs bound: ``_step`` or ``_fused_step``, maybe compiled."""
     if fused:
         fn: Callable[..., None] = _fused_step
         head: tuple[Any, ...] = (
@@ -173,17 +206,23 @@ def decode_static(
     else:
         fn, head = _step, (model, cache, kw)
     step_fn = _compiled(fn) if compile else fn
-    args = (*head, _StepIO(st, keep_L, kv_idx_L, P, pos_B, u_BN, limits_B, stop_ids, pad))
+    args = (*head, io)
 
     def step() -> None:
         step_fn(*args, **sample)
 
-    use_graph = graph and device.type == "cuda"
+    return step
+
+
+def _bucket_runners(
+    step: Callable[[], None], st: DecodeState, cache: StaticCache, *, use_graph: bool
+) -> Callable[[int], Callable[[], None]]:
+    """``runner(kv_len)``: the step reading ``kv_len`` cache slots, captured as a CUDA graph
+    once per bucket (``use_graph``; all buckets share one memory pool), or eager."""
     runs: dict[int, Callable[[], None]] = {}
     pool = torch.cuda.graph_pool_handle() if use_graph else None
 
     def runner(kv_len: int) -> Callable[[], None]:
-        """The step reading ``kv_len`` cache slots: captured once per bucket, or eager."""
         if kv_len not in runs:
 
             def bucket_step() -> None:
@@ -193,25 +232,7 @@ def decode_static(
             runs[kv_len] = _capture(bucket_step, st, cache, pool) if use_graph else bucket_step
         return runs[kv_len]
 
-    _register_attention()
-    saved_impl, model.config._attn_implementation = model.config._attn_implementation, ATTENTION
-    steps = 1
-    unhooked = _fsdp_hooks_detached(model) if compile and not fused else contextlib.nullcontext()
-    try:
-        with unhooked:
-            for t in range(1, N):
-                if steps % sync_every == 0:
-                    if stop_check is not None:
-                        _mark_stop_strings(st.tokens_BN[:, :steps], st.lengths_B, st.finished_B, stop_check)
-                    if bool(st.finished_B.all()):
-                        break
-                st.t.fill_(t)
-                runner(min(L, -(-(P + t) // kv_bucket) * kv_bucket) if kv_bucket > 0 else L)()
-                steps = t + 1
-    finally:
-        model.config._attn_implementation = saved_impl
-        _KV_LEN[0] = 0
-    return st.output(steps)
+    return runner
 
 
 @dataclass
@@ -228,6 +249,25 @@ class _StepIO:
     limits_B: Tensor
     stop_ids: Tensor
     pad: Tensor
+
+    @classmethod
+    def of(
+        cls,
+        st: DecodeState,
+        mask_BP: Tensor,
+        N: int,
+        u_BN: Tensor,
+        limits_B: Tensor,
+        stop_ids: Tensor,
+        pad: Tensor,
+    ) -> _StepIO:
+        """The step inputs of a prompt block with mask ``mask_BP`` followed by ``N`` response slots."""
+        B, P = mask_BP.shape
+        device = mask_BP.device
+        keep_L = torch.cat([mask_BP.bool(), torch.ones(B, N, dtype=torch.bool, device=device)], dim=1)
+        kv_idx_L = torch.arange(P + N, device=device)
+        pos_B = mask_BP.sum(-1)  # position id of the first response token
+        return cls(st, keep_L, kv_idx_L, P, pos_B, u_BN, limits_B, stop_ids, pad)
 
     def attend(self) -> tuple[Tensor, Tensor]:
         """``(prev, mask_BL)``: token t-1 sits at cache slot ``P + prev``; ``mask_BL`` keeps the

@@ -19,7 +19,14 @@ import torch
 from torch import Tensor
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from unirl.rollout.ar.decode import DecodeOutput, DecodeState, cache_kwarg, left_pad, record_step
+from unirl.rollout.ar.decode import (
+    DecodeOutput,
+    DecodeState,
+    cache_kwarg,
+    left_pad,
+    record_step,
+    stop_tensors,
+)
 from unirl.rollout.ar.replay import pack_for_replay, tempered_entropy
 from unirl.rollout.ar.sampling import token_logprobs
 from unirl.rollout.ar.vlm_bundle import VLMBundle
@@ -75,9 +82,7 @@ def decode_multimodal(
     attn_BL[:, :P] = mask_BP
     next_pos_B = mask_BP.sum(-1) + delta_B  # the mRoPE index of the first response token
     u_BN = uniforms_BN.to(device)
-    limits_B = torch.tensor(list(limits), dtype=torch.long, device=device)
-    stop_ids = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long, device=device)
-    pad = torch.tensor(pad_token_id, dtype=torch.long, device=device)
+    limits_B, stop_ids, pad = stop_tensors(limits, stop_token_ids, pad_token_id, device)
     st = DecodeState(B, N, device, pad_token_id)
     sample = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     kw = cache_kwarg(model)
