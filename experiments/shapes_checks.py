@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from unirl.apps.config import load
+from unirl.apps.evalstats import check_rates
 from unirl.apps.loop import latest_checkpoint
 from unirl.apps.run_dir import RunDir
-from unirl.apps.evalstats import check_rates
 from unirl.apps.trainers.diffusion import DiffusionTrainer, Recipe
 from unirl.train.checkpoint import load_checkpoint
 
