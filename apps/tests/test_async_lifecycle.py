@@ -109,8 +109,14 @@ def test_kill9_then_resume_loses_nothing_and_trains_nothing_twice(tmp_path: Path
 def test_async_refuses_what_it_cannot_run() -> None:
     with pytest.raises(RecipeError, match="use sync='buckets' or 'shm'"):
         load(Recipe, "arithmetic_grpo", [*ASYNC, "layout.kind=ray", "layout.sync=broadcast"])
-    with pytest.raises(RecipeError, match="kind='trainside'"):
-        load(Recipe, "arithmetic_grpo", [*ASYNC, "rollout.engine.kind=vllm"])
+    vllm = [*ASYNC, "rollout.engine.kind=vllm"]
+    assert (
+        load(Recipe, "arithmetic_grpo", vllm).rollout.engine.kind == "vllm"
+    )  # one process: fed by the rollout thread
+    with pytest.raises(RecipeError, match="use layout.kind=single or rl.lifecycle=sync"):
+        load(Recipe, "arithmetic_grpo", [*vllm, "layout.kind=ray", "layout.sync=buckets"])
+    with pytest.raises(RecipeError, match="cannot take new weights mid-sequence"):
+        load(Recipe, "arithmetic_grpo", [*vllm, "rl.buffer.partial_rollouts=true"])
     with pytest.raises(RecipeError, match="rl.buffer.max_staleness"):
         load(Recipe, "arithmetic_grpo", [*ASYNC, "rl.buffer.max_staleness=-1"])
 

@@ -32,6 +32,7 @@ from unirl.train.backends import SeparateRolloutCopy
 from unirl.train.backends.fsdp import FSDPBackend
 
 if TYPE_CHECKING:
+    from unirl.apps.asynchronous.source import RolloutSide
     from unirl.train.backends.megatron.backend import MegatronBackend
 from unirl.types import Part, Sample, TextPrimitive, TextSegment
 
@@ -92,10 +93,24 @@ class ARTrainer(Trainer):
         rollout) and a backend with a separate rollout copy (megatron: synced when behind)."""
         return cfg.decoder != "dynamic" or isinstance(self.backend, SeparateRolloutCopy)
 
+    def rollout_side(self) -> RolloutSide:
+        """A dedicated engine is the async rollout side itself (fed by the rollout thread);
+        trainside sampling gets the base class's rollout copy."""
+        if self.weight_plane is None:
+            return super().rollout_side()
+        from unirl.apps.asynchronous.engine_side import EngineRolloutSide
+
+        return EngineRolloutSide(self)
+
     def sync_engine(self) -> dict[str, float]:
-        """Push the trained weights to a dedicated engine when it is behind (no-op for trainside)."""
+        """Push the trained weights to a dedicated engine when it is behind (no-op for trainside,
+        and during an async RL phase, whose rollout thread feeds the engine: ``EngineRolloutSide``)."""
         version = self.backend.global_step
-        if self.weight_plane is None or version <= self.engine.weight_version:
+        if (
+            self.weight_plane is None
+            or self.async_source is not None
+            or version <= self.engine.weight_version
+        ):
             return {}
         t0 = time.time()
         if isinstance(self.backend, SeparateRolloutCopy):  # megatron: the engine's parity reference

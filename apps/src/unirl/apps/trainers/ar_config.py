@@ -118,12 +118,31 @@ class Recipe(RunSettings):
                 "rollout.engine.kind='vllm' with backend.lora is not supported yet (the engine loads "
                 "merged full weights under the model's own names); drop backend.lora or use kind='trainside'"
             )
-        if self.rl is not None and self.rl.lifecycle == "async" and self.rollout.engine.kind != "trainside":
-            raise ValueError(
-                f"rl.lifecycle='async' with rollout.engine.kind={self.rollout.engine.kind!r} is not "
-                "supported yet (the async rollout thread samples with a trainside copy); use kind='trainside'"
-            )
+        if self.rl is not None and self.rl.lifecycle == "async":
+            self._async_engine()
         return self
+
+    def _async_engine(self) -> None:
+        """The async lifecycle samples trainside or, on one process, with a vLLM engine that the
+        rollout thread feeds (``unirl.apps.asynchronous.engine_side``)."""
+        kind, rl = self.rollout.engine.kind, self.rl
+        assert rl is not None
+        if kind not in ("trainside", "vllm"):
+            raise ValueError(
+                f"rl.lifecycle='async' with rollout.engine.kind={kind!r} is not supported yet (an async "
+                "rollout samples with a trainside copy or a vLLM engine); use kind='trainside' or 'vllm'"
+            )
+        if kind == "vllm" and self.layout.kind != "single":
+            raise ValueError(
+                f"rl.lifecycle='async' with rollout.engine.kind='vllm' and layout.kind={self.layout.kind!r} "
+                "is not supported yet (the async rollout side feeds one engine in the trainer's process; feeding "
+                "each Ray rollout worker's engine is not built); use layout.kind=single or rl.lifecycle=sync"
+            )
+        if kind == "vllm" and rl.buffer.partial_rollouts:
+            raise ValueError(
+                "rl.buffer.partial_rollouts=true with rollout.engine.kind='vllm': the engine generates a "
+                "request whole, it cannot take new weights mid-sequence; use kind='trainside' or drop it"
+            )
 
 
 def engine_model_dir(recipe: Recipe, bundle: Any, scratch: Path) -> Path:
