@@ -113,8 +113,6 @@ def test_async_refuses_what_it_cannot_run() -> None:
     assert (
         load(Recipe, "arithmetic_grpo", vllm).rollout.engine.kind == "vllm"
     )  # one process: fed by the rollout thread
-    with pytest.raises(RecipeError, match="use layout.kind=single or rl.lifecycle=sync"):
-        load(Recipe, "arithmetic_grpo", [*vllm, "layout.kind=ray", "layout.sync=buckets"])
     with pytest.raises(RecipeError, match="cannot take new weights mid-sequence"):
         load(Recipe, "arithmetic_grpo", [*vllm, "rl.buffer.partial_rollouts=true"])
     with pytest.raises(RecipeError, match="rl.buffer.max_staleness"):

@@ -69,6 +69,9 @@ class EngineRolloutSide:
         out: list[Sample] = self.engine.generate(samples, rollout_step=step)
         return out
 
+    def metrics(self) -> dict[str, float]:
+        return dict(self.engine.metrics())
+
     def close(self) -> None:
         """The engine takes the newest version (the final evaluation samples with it) and the
         trained module, equal to it now, is its reference again."""

@@ -52,6 +52,11 @@ class RolloutSide(Protocol):
         """The phase is over: bring the rollout side to the newest version and free staged weights."""
         ...
 
+    def metrics(self) -> dict[str, float]:
+        """The last ``generate``'s engine checks (a dedicated engine's parity and canary; {} else),
+        logged with the batch they belong to."""
+        ...
+
 
 class LocalRolloutSide:
     """One process: a rollout copy of the policy, fed through a verified, double-buffered mailbox."""
@@ -83,6 +88,9 @@ class LocalRolloutSide:
 
     def close(self) -> None:
         """Nothing staged outside this process."""
+
+    def metrics(self) -> dict[str, float]:
+        return {}
 
 
 class AsyncSource:
@@ -145,6 +153,7 @@ class AsyncSource:
                 samples, extra = self.trainer.collect(
                     self.phase, self.records, slot, rollout=self.side.generate
                 )
+                extra = extra | self.side.metrics()
             if stream is not None:
                 stream.synchronize()  # the trainer reads these tensors on its own stream
             fault_point("rollout", slot)

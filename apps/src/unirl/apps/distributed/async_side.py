@@ -82,6 +82,10 @@ class RayRolloutSide:
         out: list[Sample] = r.call_dp(RolloutWorker.generate, samples)
         return out
 
+    def metrics(self) -> dict[str, float]:
+        m: dict[str, float] = self.d.engine_checks()
+        return m
+
     def close(self) -> None:
         """The rollout workers take the last version (the final evaluation samples with it)."""
         self.refresh(self.version)

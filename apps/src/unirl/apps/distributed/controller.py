@@ -234,8 +234,12 @@ class DistributedRL(Trainer):
     def after_train_step(self) -> dict[str, float]:
         if self.async_source is not None:  # async: the rollout thread pulls new weights itself
             return {}
-        m = self.sync_weights()
-        if self.dedicated:  # parity of this step's rollout, canary of this sync: the worst worker
+        return self.sync_weights() | self.engine_checks()
+
+    def engine_checks(self) -> dict[str, float]:
+        """Dedicated engines: the last rollout's parity and the last sync's canary, the worst worker."""
+        m: dict[str, float] = {}
+        if self.dedicated:
             for wm in self.rollout_remote.call_all(RolloutWorker.metrics):
                 for k, v in wm.items():
                     m[k] = max(m.get(k, v), v)

@@ -123,20 +123,14 @@ class Recipe(RunSettings):
         return self
 
     def _async_engine(self) -> None:
-        """The async lifecycle samples trainside or, on one process, with a vLLM engine that the
-        rollout thread feeds (``unirl.apps.asynchronous.engine_side``)."""
+        """The async lifecycle samples trainside or with vLLM: on one process an engine the rollout
+        thread feeds (``unirl.apps.asynchronous.engine_side``), on Ray the rollout workers' engines."""
         kind, rl = self.rollout.engine.kind, self.rl
         assert rl is not None
         if kind not in ("trainside", "vllm"):
             raise ValueError(
                 f"rl.lifecycle='async' with rollout.engine.kind={kind!r} is not supported yet (an async "
                 "rollout samples with a trainside copy or a vLLM engine); use kind='trainside' or 'vllm'"
-            )
-        if kind == "vllm" and self.layout.kind != "single":
-            raise ValueError(
-                f"rl.lifecycle='async' with rollout.engine.kind='vllm' and layout.kind={self.layout.kind!r} "
-                "is not supported yet (the async rollout side feeds one engine in the trainer's process; feeding "
-                "each Ray rollout worker's engine is not built); use layout.kind=single or rl.lifecycle=sync"
             )
         if kind == "vllm" and rl.buffer.partial_rollouts:
             raise ValueError(
