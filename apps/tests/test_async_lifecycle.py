@@ -40,11 +40,13 @@ def _rows(run: Path, phase: str) -> list[dict]:
 
 def _train(run: Path, *overrides: str, recipe: str = "arithmetic_grpo") -> None:
     short = SHORT if recipe == "arithmetic_grpo" else SHAPES_SHORT
+    if recipe == "shapes_unified":
+        short = (*SHAPES_SHORT, "threads=1")
     assert cli.main(["train", recipe, *short, *overrides, "--run-dir", str(run)]) == 0
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["arithmetic_grpo", "shapes_nft"])
+@pytest.mark.parametrize("recipe", ["arithmetic_grpo", "shapes_nft", "shapes_unified"])
 def test_zero_staleness_reproduces_the_sync_run(tmp_path: Path, recipe: str) -> None:
     """Same prompts, samples, rewards and evaluations. The diffusion run is bit for bit the same;
     the AR one has the same tokens, and losses and gradients to float rounding: its rollout copy is
@@ -76,10 +78,16 @@ def _accounting(row: dict) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", ["rollout:5", "train:4"])
-def test_kill9_then_resume_loses_nothing_and_trains_nothing_twice(tmp_path: Path, where: str) -> None:
+@pytest.mark.parametrize(
+    ("recipe", "where"),
+    [("arithmetic_grpo", "rollout:5"), ("arithmetic_grpo", "train:4"), ("shapes_unified", "rollout:5")],
+)
+def test_kill9_then_resume_loses_nothing_and_trains_nothing_twice(
+    tmp_path: Path, recipe: str, where: str
+) -> None:
     run = tmp_path / "run"
-    args = ["train", "arithmetic_grpo", *SHORT, *ASYNC, "rl.buffer.max_staleness=2", "rl.buffer.capacity=3",
+    short = SHORT if recipe == "arithmetic_grpo" else (*SHAPES_SHORT, "threads=1", "rl.steps=8")
+    args = ["train", recipe, *short, *ASYNC, "rl.buffer.max_staleness=2", "rl.buffer.capacity=3",
             "checkpoint_every=2", "--run-dir", str(run)]  # fmt: skip
     code = "import sys; from unirl.apps.cli import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, FAULT_ENV: where}

@@ -180,8 +180,8 @@ CONFLICT = [  # options each valid alone, impossible together
     Mutation(
         "conflict",
         "arithmetic_grpo",
-        ("rl.lifecycle=async", "rollout.engine.kind=vllm"),
-        ("rl.lifecycle='async'", "rollout.engine.kind='vllm'", "use kind='trainside'"),
+        ("rl.lifecycle=async", "rollout.engine.kind=vllm", "rl.buffer.partial_rollouts=true"),
+        ("rl.buffer.partial_rollouts=true", "rollout.engine.kind='vllm'", "use kind='trainside' or drop it"),
     ),
     Mutation(
         "conflict",

@@ -55,15 +55,15 @@ def test_one_rl_step_two_parts_one_reward_both_on_policy(tmp_path: Path) -> None
         adv = np.array([s.part(track).advantage for s in samples]).reshape(2, 4)
         np.testing.assert_allclose(adv, want, atol=1e-6)
     before = {k: v.detach().clone() for k, v in t.bundle.model.state_dict().items()}
-    m = train([s.part("image") for s in samples])
+    parts = t.train_parts(samples)  # both tracks' Parts, track by track
+    assert parts == [s.part("ar") for s in samples] + [s.part("image") for s in samples]
+    m = train(parts)
     for track in ("ar", "image"):  # first update of an on-policy batch: ratio exactly 1 (fp32 CPU)
         assert m[f"{track}/ratio_min"] == pytest.approx(1.0, abs=1e-6)
         assert m[f"{track}/ratio_max"] == pytest.approx(1.0, abs=1e-6)
     assert m["num_optimizer_steps"] == 1.0 and m["loss"] == pytest.approx(m["ar/loss"] + m["image/loss"])
     after = t.bundle.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    with pytest.raises(RuntimeError, match="not the images of the last collect"):
-        train([s.part("image") for s in samples])
 
 
 def test_sft_parts_pair_each_plan_with_its_render(tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ def test_nft_step_samples_images_with_the_old_policy_and_text_live(tmp_path: Pat
     t = trainer(tmp_path)
     train = t.begin_phase("rl", starting=True)
     samples, _ = t.collect(t.cfg.rl, t.data.train_records(), 0)
-    m = train([s.part("image") for s in samples])
+    m = train(t.train_parts(samples))
     assert m["ar/ratio_max"] == pytest.approx(1.0, abs=1e-6) and math.isfinite(m["image/loss"])
     assert t.engine.engines["image"].sampling_context == t.backend.ema_weights
     assert t.engine.engines["ar"].sampling_context is None

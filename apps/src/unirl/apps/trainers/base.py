@@ -262,7 +262,7 @@ class Trainer(Evaluation):
                     src = self.async_source
                     samples, extra = src.next(step) if src else self.collect(phase, train, step)
                     fault_point("train", step)
-                    m = train_step([s.part(self.stage) for s in samples])
+                    m = train_step(self.train_parts(samples))
                     m |= self.after_train_step()
                     fault_point("trained", step)
                     if src:
@@ -289,6 +289,11 @@ class Trainer(Evaluation):
             if self.async_source is not None:
                 self.async_source.close()
         self._timed("rl", t0)
+
+    def train_parts(self, samples: list[Sample]) -> list[Part]:
+        """What an RL step trains on from its batch: each Sample's ``stage`` Part (a trainer that
+        trains several Parts of a Sample, the unified model's two tracks, returns them all)."""
+        return [s.part(self.stage) for s in samples]
 
     def collect(
         self,

@@ -120,7 +120,7 @@ class UnifiedTrainer(Trainer):
         self.reward = OriginalPromptReward(RewardService.from_config(recipe.reward))
         self.algorithm = None  # each track has its own
         self._track_algs: dict[str, dict[str, Any]] = {}  # phase -> track -> algorithm
-        self.batch: list[Sample] | None = None  # collect's rollout, consumed by the train step
+        self.rl_tracks: list[str] = []  # the tracks RL trains (begin_phase)
 
     # ---- SFT: both tracks on (prompt, canonical plan, render) ---------------------------------
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:
@@ -212,16 +212,15 @@ class UnifiedTrainer(Trainer):
         for t in tracks:
             if isinstance(t.algorithm, UsesOldPolicy):  # DiffusionNFT: the EMA is its old policy
                 t.algorithm.set_old_policy(self.backend.ema_weights)
-        stack = UnifiedModelTrainStack(self.backend, tracks, phase.geometry)
-        return lambda parts: self.train_step(stack, parts)
+        self.rl_tracks = [t.name for t in tracks]
+        return UnifiedModelTrainStack(self.backend, tracks, phase.geometry).train_on
 
     # ---- RL: prompts -> think + draw -> reward -> credit both -> advantages -> one step ---------
     def collect(
         self, phase: Any, train: list[Any], step: int, rollout: Any = None
     ) -> tuple[list[Sample], dict[str, float]]:
-        """One step's rollout, scored and credited; the samples are kept for the train step."""
-        if rollout is not None:
-            raise ValueError("the unified trainer samples with its own engine (no async rollout copy)")
+        """One step's rollout (``rollout``: the async lifecycle's copy; default the trainer's own
+        engine), scored and credited."""
         records = draw(train, phase.prompts_per_step, seed=self.cfg.seed, step=step)
         samples = make_samples(
             records,
@@ -230,33 +229,29 @@ class UnifiedTrainer(Trainer):
             split="train",
             dataset=self.data.name,
         )
-        samples = self.rollout(samples, step)
+        samples = (rollout or self.rollout)(samples, step)
         fault_point("sampled", step)
         self.reward.score_samples(samples, IMAGE)
         credit_text_part(samples)
         for name in (AR, IMAGE):
             compute_sample_advantages(samples, name, phase.advantage)
         fault_point("scored", step)
-        self.batch = samples
         exact = [s.part(AR).text.strip() == s.metadata.answer for s in samples]
         return samples, {
             "groups_with_signal": signal_fraction(samples, IMAGE),
             "ar/plan_exact": float(np.mean(exact)),
         }
 
-    def train_step(self, stack: UnifiedModelTrainStack, parts: list[Part]) -> dict[str, float]:
-        """Both tracks of the last collect()'s samples (``parts``: the loop's view, its image Parts)."""
-        batch, self.batch = self.batch, None
-        if (
-            batch is None
-            or len(parts) != len(batch)
-            or any(p is not s.part(IMAGE) for p, s in zip(parts, batch))
-        ):
-            raise RuntimeError(
-                "UnifiedTrainer.train_step got parts that are not the images of the last collect()"
-            )
-        names = {t.name for t in stack.tracks}
-        return stack.train_on([s.part(n) for n in (AR, IMAGE) if n in names for s in batch])
+    def train_parts(self, samples: list[Sample]) -> list[Part]:
+        """Both tracks' Parts of the batch (those RL trains), track by track."""
+        return [s.part(n) for n in (AR, IMAGE) if n in self.rl_tracks for s in samples]
+
+    def rollout_side(self) -> Any:
+        """The async lifecycle's rollout side: copies of the model (the text track's live weights,
+        the image track's old policy), fed through verified mailboxes."""
+        from unirl.apps.trainers.unified_async import UnifiedRolloutSide
+
+        return UnifiedRolloutSide(self)
 
     # ---- evaluation ---------------------------------------------------------------------------
     def eval_params(self) -> Any:

@@ -97,13 +97,15 @@ class UnifiedRLPhase(BaseModel):
     reset_optimizer: bool = Field(default=False, description="fresh optimizer state when RL starts")
     ar: ARTrack | None = Field(description="the text track's loss (null: the plan is sampled, not trained)")
     image: ImageTrack | None = Field(description="the image track's loss (null: drawn, not trained)")
-    lifecycle: Literal["sync"] = Field(default="sync", description="the unified trainer runs sync RL")
+    lifecycle: Literal["sync", "async"] = Field(
+        default="sync",
+        description="sync: each step samples with the latest weights; async: a rollout thread samples "
+        "with copies of the model (text: live weights, image: the track's old policy) into a buffer",
+    )
+    buffer: AsyncConfig = Field(
+        default_factory=AsyncConfig, description="async only: staleness bound and buffer capacity"
+    )
     dynamic_sampling: None = None
-
-    @property
-    def buffer(self) -> AsyncConfig:
-        """The async buffer's defaults (unused: the unified trainer runs sync RL)."""
-        return AsyncConfig()
 
     @property
     def algorithm(self) -> None:
@@ -115,6 +117,11 @@ class UnifiedRLPhase(BaseModel):
         self.geometry.check_shard(self.prompts_per_step * self.samples_per_prompt)
         if self.steps and self.ar is None and self.image is None:
             raise ValueError("rl.steps > 0 but neither rl.ar nor rl.image is set: nothing would train")
+        if self.buffer.partial_rollouts:
+            raise ValueError(
+                "rl.buffer.partial_rollouts=true: the unified trainer's text track is not continued across "
+                "weight versions (the plan conditions the image); set rl.buffer.partial_rollouts=false"
+            )
         for name, track in (("ar", self.ar), ("image", self.image)):
             if track is not None and track.algorithm.needs_reference:
                 raise ValueError(
