@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -39,4 +41,17 @@ class AsyncConfig(BaseModel):
     )
     partial_chunk_tokens: int = Field(
         default=16, ge=1, description="decode steps between checks for a newer policy (partial_rollouts only)"
+    )
+
+
+class LifecycleFields(BaseModel):
+    """``rl.lifecycle`` and ``rl.buffer``, the same in every RL phase that offers both lifecycles."""
+
+    lifecycle: Literal["sync", "async"] = Field(
+        default="sync",
+        description="sync: each step samples with the latest weights, then trains; async: a rollout "
+        "thread samples with copies of the policy while the trainer trains, within `buffer`'s bounds",
+    )
+    buffer: AsyncConfig = Field(
+        default_factory=AsyncConfig, description="async only: staleness bound and buffer capacity"
     )

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from unirl.apps.asynchronous.config import AsyncConfig
+from unirl.apps.asynchronous.config import LifecycleFields
 from unirl.apps.distributed.layout import LayoutConfig
 from unirl.train.algorithms import AlgorithmConfig
 from unirl.train.geometry import BatchGeometry
@@ -73,7 +73,7 @@ class DynamicSamplingConfig(BaseModel):
     )
 
 
-class RLPhase(PhaseLR):
+class RLPhase(PhaseLR, LifecycleFields):
     """RL: rollout -> reward -> advantage -> train, ``steps`` times."""
 
     model_config = STRICT
@@ -89,15 +89,6 @@ class RLPhase(PhaseLR):
         description="start RL with fresh optimizer state instead of the SFT phase's: Adam's second "
         "moments from SFT (gradients often far larger than the policy gradient's) otherwise shrink "
         "RL's steps for hundreds of steps. Applied once, when RL starts at step 0 (not on resume).",
-    )
-
-    lifecycle: Literal["sync", "async"] = Field(
-        default="sync",
-        description="sync: each step samples with the latest weights, then trains; async: a rollout "
-        "thread samples with a copy of the policy while the trainer trains, within `buffer`'s bounds",
-    )
-    buffer: AsyncConfig = Field(
-        default_factory=AsyncConfig, description="async only: staleness bound and buffer capacity"
     )
 
     @model_validator(mode="after")

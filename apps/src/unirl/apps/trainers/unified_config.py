@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from unirl.apps.asynchronous.config import AsyncConfig
+from unirl.apps.asynchronous.config import LifecycleFields
 from unirl.apps.trainers.phases import STRICT, RunSettings, SFTPhaseBase
 from unirl.apps.worlds.shapes_paraphrase import ShapesParaphraseDataConfig
 from unirl.reward.config import ServiceConfig
@@ -81,7 +81,7 @@ class ImageTrack(BaseModel):
     weight: float = Field(default=1.0, ge=0.0, description="weight of the image-track loss in the one step")
 
 
-class UnifiedRLPhase(BaseModel):
+class UnifiedRLPhase(LifecycleFields):
     """RL: prompts -> think + draw -> one image reward -> advantages (both Parts, grouped by prompt)
     -> one optimizer step from the two tracks' losses."""
 
@@ -97,14 +97,6 @@ class UnifiedRLPhase(BaseModel):
     reset_optimizer: bool = Field(default=False, description="fresh optimizer state when RL starts")
     ar: ARTrack | None = Field(description="the text track's loss (null: the plan is sampled, not trained)")
     image: ImageTrack | None = Field(description="the image track's loss (null: drawn, not trained)")
-    lifecycle: Literal["sync", "async"] = Field(
-        default="sync",
-        description="sync: each step samples with the latest weights; async: a rollout thread samples "
-        "with copies of the model (text: live weights, image: the track's old policy) into a buffer",
-    )
-    buffer: AsyncConfig = Field(
-        default_factory=AsyncConfig, description="async only: staleness bound and buffer capacity"
-    )
     dynamic_sampling: None = None
 
     @property
