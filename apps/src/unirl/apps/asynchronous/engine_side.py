@@ -11,10 +11,9 @@ reference).
 
 The copy (its pipeline and module) is the engine's parity reference during RL: the per-rollout
 log-prob parity check replays through it and the canary scores with it, so both compare the
-engine with weights of the engine's own version. The trained module,
-the reference of the synchronous run, moves ahead of the engine while it samples, so it cannot
-serve. When the phase ends, the engine takes the newest version and the trained module is its
-reference again.
+engine with weights of the engine's own version. The trained module, the reference of the
+synchronous run, moves ahead of the engine while it samples, so it cannot serve. When the phase
+ends, the engine takes the newest version and the trained module is its reference again.
 """
 
 from __future__ import annotations
@@ -47,7 +46,6 @@ class EngineRolloutSide:
         # replays through its pipeline, the canary through its reference: both the copy's now
         self._held = (self.engine.pipeline, self.engine.reference)
         self.engine.pipeline, self.engine.reference = pipeline, self.copy.module
-        self.pushes = 0  # versions pushed into the engine by the rollout thread
 
     # ---- the trainer's thread ---------------------------------------------------------------
     def publish(self, version: int) -> None:
@@ -62,7 +60,6 @@ class EngineRolloutSide:
         version = self.copy.refresh(self.mailbox, min_version)
         if self.copy.weight_version > self.engine.weight_version:
             self.plane.push(self.copy.module.named_parameters(), self.copy.weight_version)
-            self.pushes += 1
         return version
 
     def generate(self, samples: list[Sample], step: int) -> list[Sample]:
