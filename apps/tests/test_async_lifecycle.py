@@ -27,6 +27,15 @@ SHAPES_SHORT = (
     "eval.samples_per_prompt=2",
     "eval.every=0",
 )
+# the prompt enhancer at the kill sweep's sizes (scripts/kill_sweep.py, preset shapes_pe)
+PE_SHORT = ("device=cpu", "threads=1", "ar.model.tiny.hidden_size=32", "ar.model.tiny.intermediate_size=64",
+            "ar.model.tiny.num_layers=1", "ar.sampling.max_new_tokens=8", "diffusion.model.unet_channels=8",
+            "diffusion.model.unet_text_layers=1", "diffusion.sampling.num_steps=4",
+            "reward.scorers.0.scorer.reward=score", "diffusion.sft.steps=4", "diffusion.sft.batch_size=8",
+            "ar.sft.steps=4", "ar.sft.batch_size=8", "rl.steps=8", "rl.prompts_per_step=2",
+            "rl.samples_per_prompt=4", "rl.images_per_rewrite=2", "ar.rl.geometry.micro_batch_size=8",
+            "diffusion.rl.algorithm.kind=flow_grpo", "diffusion.rl.geometry.micro_batch_size=16",
+            "eval.num_prompts=2", "eval.samples_per_prompt=1", "eval.grid_size=0", "eval.every=0")  # fmt: skip
 ASYNC = ("rl.lifecycle=async",)
 # metrics that differ by design: wall times, and the async lifecycle's own
 _TIMING = ("time", "seconds", "_s")
@@ -42,11 +51,13 @@ def _train(run: Path, *overrides: str, recipe: str = "arithmetic_grpo") -> None:
     short = SHORT if recipe == "arithmetic_grpo" else SHAPES_SHORT
     if recipe == "shapes_unified":
         short = (*SHAPES_SHORT, "threads=1")
+    if recipe == "shapes_pe":
+        short = PE_SHORT
     assert cli.main(["train", recipe, *short, *overrides, "--run-dir", str(run)]) == 0
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["arithmetic_grpo", "shapes_nft", "shapes_unified"])
+@pytest.mark.parametrize("recipe", ["arithmetic_grpo", "shapes_nft", "shapes_unified", "shapes_pe"])
 def test_zero_staleness_reproduces_the_sync_run(tmp_path: Path, recipe: str) -> None:
     """Same prompts, samples, rewards and evaluations. The diffusion run is bit for bit the same;
     the AR one has the same tokens, and losses and gradients to float rounding: its rollout copy is
@@ -80,13 +91,20 @@ def _accounting(row: dict) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("recipe", "where"),
-    [("arithmetic_grpo", "rollout:5"), ("arithmetic_grpo", "train:4"), ("shapes_unified", "rollout:5")],
+    [
+        ("arithmetic_grpo", "rollout:5"),
+        ("arithmetic_grpo", "train:4"),
+        ("shapes_unified", "rollout:5"),
+        ("shapes_pe", "train:4"),
+    ],
 )
 def test_kill9_then_resume_loses_nothing_and_trains_nothing_twice(
     tmp_path: Path, recipe: str, where: str
 ) -> None:
     run = tmp_path / "run"
-    short = SHORT if recipe == "arithmetic_grpo" else (*SHAPES_SHORT, "threads=1", "rl.steps=8")
+    short = {"arithmetic_grpo": SHORT, "shapes_pe": PE_SHORT}.get(
+        recipe, (*SHAPES_SHORT, "threads=1", "rl.steps=8")
+    )
     args = ["train", recipe, *short, *ASYNC, "rl.buffer.max_staleness=2", "rl.buffer.capacity=3",
             "checkpoint_every=2", "--run-dir", str(run)]  # fmt: skip
     code = "import sys; from unirl.apps.cli import main; sys.exit(main(sys.argv[1:]))"

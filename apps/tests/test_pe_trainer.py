@@ -14,7 +14,7 @@ import torch
 from unirl.apps import cli
 from unirl.apps.config import RecipeError, load_dict, validate
 from unirl.apps.run_dir import RunDir, read_metrics
-from unirl.apps.trainers.pe import OriginalPromptReward, PETrainer, Recipe
+from unirl.apps.trainers.pe import OriginalPromptReward, PETrainer, Recipe, split_batch
 from unirl.reward.service import RewardService
 
 TINY = ["device=cpu", "threads=1", "ar.model.tiny.hidden_size=32", "ar.model.tiny.intermediate_size=64",
@@ -53,7 +53,7 @@ def trainer(tmp_path: Path, data: dict[str, Any]) -> PETrainer:
 def one_step(t: PETrainer) -> dict[str, float]:
     train = t.begin_phase("rl", starting=True)
     samples, _ = t.collect(t.cfg.rl, t.data.train_records(), 0)
-    return train([s.part(t.stage) for s in samples])
+    return train(t.train_parts(samples))
 
 
 def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -66,8 +66,9 @@ def test_step_credits_parents_and_groups_per_part(tmp_path: Path) -> None:
     the rewrite; every render was scored against the ORIGINAL prompt's meaning."""
     t = trainer(tmp_path, tiny(diffusion_rl=True))
     samples, extra = t.collect(t.cfg.rl, t.data.train_records(), 0)
-    parents, children = t.batch.parents, t.batch.children  # type: ignore[union-attr]
-    assert len(parents) == 8 and len(children) == 16 and samples == children
+    parents, children = split_batch(samples)
+    assert len(parents) == 8 and len(children) == 16 and samples == parents + children
+    assert t.train_parts(samples) == [p.part("ar") for p in parents] + [c.part("diffusion") for c in children]
     for p in parents:
         kids = [c for c in children if c.group_id == p.id]
         assert [c.id for c in kids] == [f"{p.id}/c0", f"{p.id}/c1"]
@@ -149,7 +150,8 @@ def test_update_cadence(tmp_path: Path) -> None:
     seen = []
     for step in (0, 1):
         samples, _ = t.collect(t.cfg.rl, t.data.train_records(), step)
-        seen.append(sorted({k.split("/")[0] for k in train([s.part(t.stage) for s in samples]) if "/" in k}))
+        t.rl_step = step  # the RL loop's cursor, which the cadence counts
+        seen.append(sorted({k.split("/")[0] for k in train(t.train_parts(samples)) if "/" in k}))
     assert seen == [["ar", "diffusion"], ["ar"]]
 
 

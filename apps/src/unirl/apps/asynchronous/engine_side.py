@@ -18,13 +18,10 @@ ends, the engine takes the newest version and the trained module is its referenc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from unirl.apps.asynchronous.mailbox import RolloutCopy, WeightMailbox
 from unirl.types import Sample
-
-if TYPE_CHECKING:
-    from unirl.apps.trainers.ar import ARTrainer
 
 
 class EngineRolloutSide:
@@ -33,7 +30,8 @@ class EngineRolloutSide:
     shared = True
     """The trainer's evaluations sample with the same engine: they borrow it between batches."""
 
-    def __init__(self, trainer: ARTrainer) -> None:
+    def __init__(self, trainer: Any) -> None:
+        """``trainer``: the ``ARTrainer`` (its engine, weight plane, backend and rollout copy)."""
         if trainer.weight_plane is None:
             raise TypeError("EngineRolloutSide needs a dedicated engine with a weight plane (rollout.engine)")
         self.trainer = trainer

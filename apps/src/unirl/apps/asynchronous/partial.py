@@ -37,7 +37,7 @@ class MailboxSwap:
 
 
 def _versioned(samples: Sequence[Sample], stage: str) -> list[TextSegment]:
-    segs = [s.part(stage).segment for s in samples]
+    segs = [p.segment for s in samples for p in s.parts if p.name == stage]
     return [g for g in segs if isinstance(g, TextSegment) and g.versions]
 
 

@@ -267,7 +267,8 @@ class Trainer(Evaluation):
                     fault_point("trained", step)
                     if src:
                         src.publish(step + 1)
-                    rewards = [s.part(self.stage).reward.total for s in samples]
+                    # the Parts the run is judged on (a PE batch also holds the rewrites, which have none)
+                    rewards = [p.reward.total for s in samples for p in s.parts if p.name == self.stage]
                     m |= {
                         "reward_mean": float(np.mean(rewards)),
                         "reward_std": float(np.std(rewards)),

@@ -34,6 +34,7 @@ from unirl.apps.progress import PhaseProgress
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.base import Trainer
 from unirl.apps.trainers.checkpoints import StacksCheckpoint
+from unirl.apps.trainers.pe_async import PERolloutSide, rewrite_and_render, split_batch
 from unirl.apps.trainers.pe_config import Recipe
 from unirl.apps.trainers.phases import apply_phase_lr
 from unirl.apps.trainers.prompt_reward import OriginalPromptReward
@@ -59,7 +60,7 @@ from unirl.types import (
     to_numpy,
 )
 from unirl.types.faults import fault_point
-from unirl.types.lineage import credit_parents, expand_children
+from unirl.types.lineage import credit_parents
 
 __all__ = ["OriginalPromptReward", "PETrainer", "Recipe", "run"]
 
@@ -75,15 +76,6 @@ class Side:
     pipeline: ARPipeline | FlowMatchPipeline
     rl: Any  # ARStackRL | DiffusionStackRL | None
     algorithm: Any  # StageAlgorithm | None: None exactly when rl is
-
-
-@dataclass
-class PEBatch:
-    """One PE step's rollout: the rewrites (parents) and their renders (children)."""
-
-    step: int
-    parents: list[Sample]
-    children: list[Sample]
 
 
 class PETrainer(Trainer):
@@ -137,7 +129,6 @@ class PETrainer(Trainer):
         }
         self.algorithm = None  # each Side has its own
         self._sft_algorithms: dict[str, StageAlgorithm] = {}  # side -> its SFT algorithm (sft_side_algorithm)
-        self.batch: PEBatch | None = None  # collect's rollout, consumed by the train step
 
     def _side(
         self, name: str, backend: TrainBackend, pipeline: ARPipeline | FlowMatchPipeline, rl: Any
@@ -239,22 +230,19 @@ class PETrainer(Trainer):
         step: int,
         rollout: Callable[[list[Sample], int], list[Sample]] | None = None,
     ) -> tuple[list[Sample], dict[str, float]]:
-        """One PE step's rollout; returns the renders (the loop logs their reward) and keeps the
-        rewrites for the train step (``self.batch``)."""
-        if rollout is not None:
-            raise ValueError("the PE trainer samples with its own two engines (no async rollout copy)")
+        """One PE step: rewrites (parents) -> renders (children) by ``rollout`` (the async
+        lifecycle's copies; default the trainer's own engines) -> rewards -> credit -> advantages.
+        Returns the parents and the children (``train_parts`` takes each stack's Parts from them)."""
         records = draw(train, phase.prompts_per_step, seed=self.cfg.seed, step=step)
-        parents = make_samples(
+        samples = make_samples(
             records,
             step=step,
             samples_per_prompt=phase.samples_per_prompt,
             split="train",
             dataset=self.data.name,
         )
-        parents = self.ar_engine.generate(parents, rollout_step=step)
-        children = self.d_engine.generate(
-            expand_children(parents, phase.images_per_rewrite, AR), rollout_step=step
-        )
+        both = (rollout or self.two_stage)(samples, step)
+        parents, children = split_batch(both)
         fault_point("sampled", step)
         self.reward.score_samples(children, DIFFUSION)
         ar_rewards = credit_parents(parents, children, AR, DIFFUSION, phase.credit)
@@ -262,14 +250,29 @@ class PETrainer(Trainer):
             if side.rl is not None:
                 compute_sample_advantages(samples, side.name, side.rl.advantage)
         fault_point("scored", step)
-        self.batch = PEBatch(step, parents, children)
         exact = [s.part(AR).text.strip() == s.metadata.answer for s in parents]
-        return children, {
+        return parents + children, {
             "ar/reward_mean": float(np.mean(ar_rewards)),
             "ar/rewrite_exact": float(np.mean(exact)),
             "groups_with_signal": signal_fraction(parents, AR),
             "diffusion/groups_with_signal": signal_fraction(children, DIFFUSION),
         }
+
+    def two_stage(self, samples: list[Sample], step: int) -> list[Sample]:
+        """The trainer's own engines: ``rewrite_and_render``."""
+        assert self.cfg.rl is not None
+        return rewrite_and_render(
+            self.ar_engine, self.d_engine, samples, step, self.cfg.rl.images_per_rewrite
+        )
+
+    def train_parts(self, samples: list[Sample]) -> list[Part]:
+        """The enhancer's Parts (of the rewrites), then the renderer's (of the renders)."""
+        parents, children = split_batch(samples)
+        return [s.part(AR) for s in parents] + [s.part(DIFFUSION) for s in children]
+
+    def rollout_side(self) -> Any:
+        """The async lifecycle's rollout side: copies of both stacks fed through verified mailboxes."""
+        return PERolloutSide(self)
 
     def sft_algorithm(self) -> None:
         """No one SFT algorithm: each side has its own (``sft_side_algorithm``)."""
@@ -295,24 +298,14 @@ class PETrainer(Trainer):
         return stack.backend.reference
 
     def train_step(self, stacks: dict[str, TrainStack], parts: list[Part]) -> dict[str, float]:
-        """Train each trainable stack whose cadence falls on this step: the AR stack on the
-        rewrites, the diffusion stack on the renders (``parts``, the loop's view of them)."""
-        batch, self.batch = self.batch, None
-        if (
-            batch is None
-            or len(parts) != len(batch.children)
-            or any(p is not c.part(DIFFUSION) for p, c in zip(parts, batch.children))
-        ):
-            raise RuntimeError(
-                "PETrainer.train_step got parts that are not the renders of the last collect()"
-            )
+        """Train each trainable stack whose cadence (``rl.every``) falls on this RL step on its Parts
+        (``train_parts``: the rewrites' for the enhancer, the renders' for the renderer)."""
         m: dict[str, float] = {}
         loss = 0.0
         for name, stack in stacks.items():
-            if batch.step % self.sides[name].rl.every:
+            if self.rl_step % self.sides[name].rl.every:
                 continue
-            samples = batch.parents if name == AR else batch.children
-            sm = stack.train_on([s.part(name) for s in samples])
+            sm = stack.train_on([p for p in parts if p.name == name])
             loss += sm.get("loss", 0.0)
             m |= {f"{name}/{k}": v for k, v in sm.items()}
         return m | {"loss": loss}

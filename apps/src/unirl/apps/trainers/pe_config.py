@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from unirl.apps.asynchronous.config import LifecycleFields
 from unirl.apps.models import DiffusionModelConfig
 from unirl.apps.trainers.ar_config import ARSFTPhase
 from unirl.apps.trainers.diffusion_config import DiffusionSFTPhase
@@ -89,7 +90,7 @@ class DiffusionStack(BaseModel):
     rl: DiffusionStackRL | None = Field(default=None, description="null: the renderer is frozen during RL")
 
 
-class PERLPhase(BaseModel):
+class PERLPhase(LifecycleFields):
     """One PE step: ``prompts_per_step`` prompts x ``samples_per_prompt`` rewrites x ``images_per_rewrite``."""
 
     model_config = STRICT
@@ -100,7 +101,15 @@ class PERLPhase(BaseModel):
     credit: CreditReduce = Field(
         default="mean", description="the AR parent's reward: mean | max | min of its M images"
     )
-    lifecycle: Literal["sync"] = Field(default="sync", description="PE runs the sync lifecycle only for now")
+
+    @model_validator(mode="after")
+    def _no_partial(self) -> PERLPhase:
+        if self.buffer.partial_rollouts:
+            raise ValueError(
+                "rl.buffer.partial_rollouts=true: a PE rewrite is not continued across weight versions "
+                "(its renders are conditioned on it whole); set rl.buffer.partial_rollouts=false"
+            )
+        return self
 
     @property
     def algorithm(self) -> None:

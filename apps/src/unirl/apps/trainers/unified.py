@@ -28,6 +28,7 @@ from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.base import Trainer
 from unirl.apps.trainers.phases import apply_phase_lr
 from unirl.apps.trainers.prompt_reward import OriginalPromptReward
+from unirl.apps.trainers.unified_async import UnifiedRolloutSide
 from unirl.apps.trainers.unified_config import Recipe, TinyUnifiedModelConfig
 from unirl.apps.worlds.shapes_paraphrase import ShapesParaphraseSource
 from unirl.reward.service import RewardService
@@ -249,9 +250,8 @@ class UnifiedTrainer(Trainer):
     def rollout_side(self) -> Any:
         """The async lifecycle's rollout side: copies of the model (the text track's live weights,
         the image track's old policy), fed through verified mailboxes."""
-        from unirl.apps.trainers.unified_async import UnifiedRolloutSide
-
-        return UnifiedRolloutSide(self)
+        cfg, words = self.cfg, world_words(self.data)
+        return UnifiedRolloutSide(self, lambda: build_bundle(cfg.model, words, cfg.data.resolution, cfg.seed))
 
     # ---- evaluation ---------------------------------------------------------------------------
     def eval_params(self) -> Any:

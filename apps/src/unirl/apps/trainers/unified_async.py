@@ -10,30 +10,25 @@ otherwise one copy serves both tracks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from unirl.apps.asynchronous.mailbox import RolloutCopy, WeightMailbox
 from unirl.rollout.engines import TrainsideEngine
 from unirl.rollout.engines.composed import ComposedEngine
-from unirl.rollout.unified import UnifiedImagePipeline, UnifiedTextPipeline
+from unirl.rollout.unified import UnifiedBundle, UnifiedImagePipeline, UnifiedTextPipeline
 from unirl.types import Sample
-
-if TYPE_CHECKING:
-    from unirl.apps.trainers.unified import UnifiedTrainer
 
 
 class _Fed:
     """One copy of the backbone and the mailbox that feeds it."""
 
-    def __init__(self, trainer: UnifiedTrainer) -> None:
-        from unirl.apps.trainers.unified import build_bundle, world_words
-
-        cfg = trainer.cfg
+    def __init__(self, build: Callable[[], UnifiedBundle], device: torch.device) -> None:
         with torch.random.fork_rng(devices=[]):  # building it must not move the run's RNG
-            self.bundle = build_bundle(cfg.model, world_words(trainer.data), cfg.data.resolution, cfg.seed)
-        self.bundle.to(trainer.device)
+            self.bundle = build()
+        self.bundle.to(device)
         self.copy = RolloutCopy(self.bundle.model)
         self.mailbox = WeightMailbox()
 
@@ -41,10 +36,11 @@ class _Fed:
 class UnifiedRolloutSide:
     """Implements ``unirl.apps.asynchronous.source.RolloutSide`` for ``UnifiedTrainer``."""
 
-    def __init__(self, trainer: UnifiedTrainer) -> None:
+    def __init__(self, trainer: Any, build: Callable[[], UnifiedBundle]) -> None:
+        """``trainer``: the ``UnifiedTrainer``; ``build``: a fresh bundle like the trained one."""
         self.trainer = trainer
-        self.live = _Fed(trainer)
-        self.old = _Fed(trainer) if trainer.nft else self.live  # the image track's weights
+        self.live = _Fed(build, trainer.device)
+        self.old = _Fed(build, trainer.device) if trainer.nft else self.live  # the image track's weights
         text = UnifiedTextPipeline(self.live.bundle, stage="ar", default_params=trainer.cfg.ar_sampling)
         ref = trainer.pipeline  # the trainer's image pipeline: same params, on the image copy
         image = UnifiedImagePipeline(
