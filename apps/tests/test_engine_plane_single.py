@@ -35,7 +35,9 @@ def trainer(engine: Engine, step: int) -> Any:
     weights = {"w": torch.arange(4.0), "b": torch.zeros(2)}
     backend = SimpleNamespace(global_step=step, full_state_dict=lambda: weights)
     plane = EngineSync().build(Endpoint("rollout engine", is_source=True, engine=engine))
-    return SimpleNamespace(engine=engine, backend=backend, weight_plane=plane, rollout_weights=nullcontext)
+    return SimpleNamespace(
+        engine=engine, backend=backend, weight_plane=plane, rollout_weights=nullcontext, async_source=None
+    )
 
 
 def test_sync_engine_pushes_through_the_engine_plane_only_when_behind() -> None:
