@@ -173,3 +173,28 @@ def test_ray_layout_async_is_the_one_process_run_and_keeps_its_bounds(
         _accounting(r)
     ckpt = json.loads((tmp_path / "ray1" / "checkpoints" / "latest" / "extra.json").read_text())
     assert ckpt["async"]["trained"] == 8 and ckpt["async"]["produced"] == 8
+
+
+@pytest.mark.slow
+def test_ray_layout_partial_rollouts_keep_the_bounds_and_free_every_version(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """Two rollout workers take each published policy from the run's weight board, also between
+    decode steps (``rl.buffer.partial_rollouts``): the bound counts from the oldest token and the
+    run trains and checkpoints as without. Whether a publication lands mid-generation here depends
+    on timing; the swap itself is tested deterministically in test_weight_board.py."""
+    run = tmp_path / "partial"
+    _train(run, *ASYNC, *RAY, "layout.rollout_workers=2", "rl.buffer.partial_rollouts=true",
+           "rl.buffer.partial_chunk_tokens=1", "rl.algorithm.old_logprobs=recompute",
+           "rl.algorithm.off_policy={mode: truncate, cap: 2.0}", "checkpoint_every=4")  # fmt: skip
+    rl = _rows(run, "rl")
+    assert [int(r["async/slot"]) for r in rl] == list(range(8))
+    for r in rl:
+        _accounting(r)
+        assert r["async/staleness"] <= 1 and r["async/sample_staleness_mean"] <= r["async/staleness"]
+        assert r["async/token_staleness_mean"] <= r["async/sample_staleness_mean"]
+        assert 1.0 <= r["async/versions_per_sample_mean"] <= r["async/versions_per_sample_max"] <= 2.0
+        assert (r["async/interrupted_frac"] > 0) == (r["async/versions_per_sample_max"] == 2.0)
+        assert 0.0 < r["is_weight_mean"] <= 2.0 and r["grad_norm"] > 0
+    ckpt = json.loads((run / "checkpoints" / "latest" / "extra.json").read_text())
+    assert ckpt["async"]["trained"] == 8

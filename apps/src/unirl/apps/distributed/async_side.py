@@ -2,20 +2,20 @@
 workers train, in their own processes (on their own devices with ``placement: separate``).
 
 The weight plane's two halves run apart: after each RL step the trainer's thread ``push``es the
-policy into the transport (safetensors buckets in the object store, or shared memory) and goes
-on; the rollout thread ``pull``s the newest staged version between batches (every bucket checked
-against the trainer's checksums, as in the synchronous run). A version superseded before any
-worker pulled it is freed unread. The acks are confirmed on the trainer's thread, the only one
-that calls the train workers.
+policy into the transport (safetensors buckets in the object store, or shared memory), posts the
+ticket on the run's ``WeightBoard`` (board.py, a Ray actor) and goes on. The rollout workers pull
+the newest posted version from the board, every bucket checked against the trainer's checksums as
+in the synchronous run: between batches, and with ``rl.buffer.partial_rollouts`` also between the
+decode chunks of a generation in progress. A version superseded before a worker read it is freed
+unread. The acks are confirmed on the trainer's thread, the only one that calls the train workers.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
+from unirl.apps.distributed.board import WeightBoard
 from unirl.apps.distributed.workers import RolloutWorker, TrainWorker
-from unirl.distributed.weightsync import SyncAck, SyncTicket
 from unirl.types import Sample
 
 
@@ -26,50 +26,43 @@ class RayRolloutSide:
     """The rollout workers also run the controller's evaluations: the trainer borrows them."""
 
     def __init__(self, controller: Any) -> None:
-        self.d = controller
-        self._lock = threading.Lock()
-        self._staged: tuple[int, SyncTicket | None] | None = None  # newest pushed, not pulled yet
-        # (a None ticket: the workers already hold these weights, e.g. the SFT result at RL's start)
-        self._pulled: list[tuple[SyncTicket, list[SyncAck]]] = []  # acks the trainer confirms
-        self._unread: list[SyncTicket] = []  # superseded before any pull: freed by the trainer
+        import ray
+
+        self.d = d = controller
+        n = d.rollout_remote.world_size
+        self.board = ray.remote(num_cpus=0)(WeightBoard).remote(n)
+        buffer = d.cfg.rl.buffer
+        self.partial = bool(buffer.partial_rollouts)
+        chunk = buffer.partial_chunk_tokens if self.partial else None
+        d.rollout_remote.call_all(RolloutWorker.attach_board, self.board, chunk)
         self.version = -1
 
     # ---- the trainer's thread ---------------------------------------------------------------
     def publish(self, version: int) -> None:
+        import ray
+
         self._confirm()
         d = self.d
         step = d.train.call_rank0(TrainWorker.global_step)
         held = d.synced_version is not None and step <= d.synced_version
         ticket = None if held else d.train.call_all(TrainWorker.push, step)[0]
-        with self._lock:
-            if self._staged is not None and self._staged[1] is not None:
-                self._unread.append(self._staged[1])
-            self._staged = (version, ticket)
+        ray.get(self.board.post.remote(version, ticket))
 
     def _confirm(self) -> None:
-        d = self.d
-        with self._lock:
-            pulled, unread = self._pulled, self._unread
-            self._pulled, self._unread = [], []
-        for ticket, acks in pulled:
-            d.train.call_rank0(TrainWorker.confirm, ticket, acks, d.rollout_remote.world_size)
-        for ticket in unread:
-            d.train.call_rank0(TrainWorker.confirm, ticket, [], 0)  # nobody read it: just free it
+        """Free what nobody will read any more (a superseded version unread: just freed)."""
+        import ray
+
+        for ticket, acks, receivers in ray.get(self.board.collect.remote()):
+            self.d.train.call_rank0(TrainWorker.confirm, ticket, acks, receivers)
 
     # ---- the rollout thread -----------------------------------------------------------------
     def refresh(self, min_version: int) -> int:
-        with self._lock:
-            staged, self._staged = self._staged, None
-        if staged is not None and staged[1] is None:
-            self.version = staged[0]
-        elif staged is not None:
-            version, ticket = staged
-            d = self.d
-            acks = d.rollout_remote.call_all_async(RolloutWorker.pull, ticket).result(d.layout.call_timeout_s)
-            with self._lock:
-                self._pulled.append((ticket, acks))
-            self.version = version
-            d.synced_version = ticket.version  # the controller's own sync (evaluations) is then a no-op
+        d = self.d
+        held = d.rollout_remote.call_all_async(RolloutWorker.catch_up).result(d.layout.call_timeout_s)
+        self.version = min(v for v, _ in held)
+        weights = min(w for _, w in held)
+        if d.synced_version is None or weights > d.synced_version:
+            d.synced_version = weights  # the controller's own sync (evaluations) is then a no-op
         if self.version < min_version:
             raise RuntimeError(
                 f"async rollout needs policy version >= {min_version}; the workers hold {self.version}"
@@ -88,5 +81,10 @@ class RayRolloutSide:
 
     def close(self) -> None:
         """The rollout workers take the last version (the final evaluation samples with it)."""
+        import ray
+
         self.refresh(self.version)
         self._confirm()
+        if self.partial:  # the evaluations after the phase decode whole generations
+            self.d.rollout_remote.call_all(RolloutWorker.detach_board)
+        ray.kill(self.board)

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from unirl.apps.distributed.board import attach_board, catch_up, detach_board
 from unirl.apps.loop import pick_device
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.ar_config import Recipe as ARRecipe
@@ -272,6 +273,8 @@ class RolloutWorker:
             )
         self.sync: WeightSync | None = None
         self.rollout_step = 0
+        self.board: Any = None  # async lifecycle: the run's WeightBoard actor (board.py)
+        self.policy_version = -1  # the async policy version held (stamped on partial rollouts' tokens)
 
     def set_step(self, step: int) -> None:
         """The rollout step the next ``generate`` stamps (seeds step-dependent SDE windows)."""
@@ -284,6 +287,18 @@ class RolloutWorker:
 
     def weight_version(self) -> int:
         return int(self.engine.weight_version)
+
+    def attach_board(self, board: Any, chunk_tokens: int | None) -> None:
+        """Async lifecycle: take policy versions from ``board`` (``board.attach_board``)."""
+        attach_board(self, board, chunk_tokens)
+
+    def detach_board(self) -> None:
+        """The async phase with partial rollouts is over (``board.detach_board``)."""
+        detach_board(self)
+
+    def catch_up(self) -> tuple[int, int]:
+        """Async lifecycle: pull the board's newest version if newer (``board.catch_up``)."""
+        return catch_up(self)
 
     def setup_sync(self, sync: SyncConfig, addr: str = "", port: int = 0, world: int = 0) -> None:
         """Build this worker's receiving endpoint of ``layout.sync`` (group rank ``1 + rank``)."""

@@ -168,7 +168,7 @@ class RunSettings(BaseModel):
             )
         buffer = getattr(rl, "buffer", None)  # a trainer's own RL phase (PE) may have no async buffer
         if rl is not None and buffer is not None and buffer.partial_rollouts:
-            _check_partial(rl, self.layout.kind, getattr(self, "trainer", None))
+            _check_partial(rl, getattr(self, "trainer", None))
         backend = getattr(self, "backend", None)
         for field in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
             size = getattr(backend, field, 1)
@@ -180,8 +180,8 @@ class RunSettings(BaseModel):
         return self
 
 
-def _check_partial(rl: RLPhase, layout: str, trainer: str | None) -> None:
-    """``rl.buffer.partial_rollouts`` is an option of the AR async lifecycle on one process."""
+def _check_partial(rl: RLPhase, trainer: str | None) -> None:
+    """``rl.buffer.partial_rollouts`` is an option of the AR async lifecycle (one process or Ray)."""
     if rl.lifecycle != "async":
         raise ValueError(
             "rl.buffer.partial_rollouts=true needs rl.lifecycle='async' (a sync rollout always samples "
@@ -192,11 +192,6 @@ def _check_partial(rl: RLPhase, layout: str, trainer: str | None) -> None:
             f"rl.buffer.partial_rollouts=true is for AR recipes (trainer='ar'); this recipe is "
             f"trainer={trainer!r}: a diffusion trajectory is not continued across weight versions. "
             "Set rl.buffer.partial_rollouts=false"
-        )
-    if layout != "single":
-        raise ValueError(
-            f"rl.buffer.partial_rollouts=true with layout.kind={layout!r} is not supported yet (the Ray "
-            "rollout workers take new weights between batches only); use layout.kind=single"
         )
 
 
