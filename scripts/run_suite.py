@@ -81,6 +81,11 @@ def main() -> int:
     for i, stream in enumerate(streams):
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         env = dict(os.environ, UNIRL_RAY_TMPDIR=f"/tmp/unirl-ray{i}", PATH=path)
+        if len(streams) > 1:
+            # OpenMP threads that spin while they wait steal the other stream's cores: a 2-thread
+            # training run beside another took 47.8 s instead of 22.6 s with passive waiting
+            # (docs/benchmarks.md, "Suite time"); alone, passive costs ~10%
+            env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         log = (logs / f"stream{i}.log").open("w")
         cmd = [nox, "--no-color", "-s", *stream]
         if args.pytest_args:
