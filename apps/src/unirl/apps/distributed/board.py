@@ -20,7 +20,7 @@ from unirl.distributed.weightsync import SyncAck, SyncTicket
 __all__ = ["BoardSwap", "WeightBoard", "attach_board", "catch_up", "detach_board"]
 
 
-class RolloutWorker(Protocol):
+class BoardReader(Protocol):
     """What the board's worker side uses of ``workers.RolloutWorker``."""
 
     info: RankInfo
@@ -91,7 +91,7 @@ class WeightBoard:
         return out
 
 
-def attach_board(worker: RolloutWorker, board: Any, chunk_tokens: int | None) -> None:
+def attach_board(worker: BoardReader, board: Any, chunk_tokens: int | None) -> None:
     """Give ``worker`` the run's board (a Ray actor handle); ``chunk_tokens``: partial rollouts,
     a check for a newer policy every ``chunk_tokens`` decode steps (None: between batches only)."""
     from unirl.rollout.ar import PartialRollouts
@@ -101,13 +101,13 @@ def attach_board(worker: RolloutWorker, board: Any, chunk_tokens: int | None) ->
         worker.pipeline.enable_partial(PartialRollouts(BoardSwap(worker), chunk_tokens))
 
 
-def detach_board(worker: RolloutWorker) -> None:
+def detach_board(worker: BoardReader) -> None:
     """The async phase is over: decode whole generations again, the board is gone."""
     worker.board = None
     worker.pipeline.enable_partial(None)
 
 
-def catch_up(worker: RolloutWorker) -> tuple[int, int]:
+def catch_up(worker: BoardReader) -> tuple[int, int]:
     """Pull the newest staged version if newer than held; ``(policy version, weight version)``."""
     import ray
 
@@ -126,7 +126,7 @@ class BoardSwap:
     board between chunks and pulls a newer policy through the weight plane (verified, as between
     batches)."""
 
-    def __init__(self, worker: RolloutWorker) -> None:
+    def __init__(self, worker: BoardReader) -> None:
         self.worker = worker
 
     def held(self) -> tuple[int, int]:
