@@ -96,14 +96,13 @@ def test_tokens_record_their_version_and_staleness_counts_from_the_oldest() -> N
 def test_partial_rollouts_config_errors_name_the_field() -> None:
     with pytest.raises(RecipeError, match="rl.buffer.partial_rollouts=true needs rl.lifecycle='async'"):
         load(Recipe, "arithmetic_grpo", ["rl.buffer.partial_rollouts=true"])
+    # the Ray layout takes it: its rollout workers swap on the weight board mid-generation
     ray = load(
         Recipe,
         "arithmetic_grpo",
         ["rl.lifecycle=async", "rl.buffer.partial_rollouts=true", "layout.kind=ray"],
     )
-    assert (
-        ray.rl is not None and ray.rl.buffer.partial_rollouts
-    )  # the Ray rollout workers swap mid-generation
+    assert ray.rl is not None and ray.rl.buffer.partial_rollouts
     with pytest.raises(RecipeError, match="rl.buffer.partial_chunk_tokens"):
         load(Recipe, "arithmetic_grpo", ["rl.lifecycle=async", "rl.buffer.partial_chunk_tokens=0"])
     from unirl.apps.trainers.diffusion_config import Recipe as DiffusionRecipe

@@ -57,12 +57,16 @@ class RayRolloutSide:
 
     # ---- the rollout thread -----------------------------------------------------------------
     def refresh(self, min_version: int) -> int:
+        import ray
+
         d = self.d
-        held = d.rollout_remote.call_all_async(RolloutWorker.catch_up).result(d.layout.call_timeout_s)
-        self.version = min(v for v, _ in held)
-        weights = min(w for _, w in held)
-        if d.synced_version is None or weights > d.synced_version:
-            d.synced_version = weights  # the controller's own sync (evaluations) is then a no-op
+        # every worker holds at least self.version (the oldest last seen): nothing newer posted, nothing to pull
+        if ray.get(self.board.newest.remote()) > self.version:
+            held = d.rollout_remote.call_all_async(RolloutWorker.catch_up).result(d.layout.call_timeout_s)
+            self.version = min(v for v, _ in held)
+            weights = min(w for _, w in held)
+            if d.synced_version is None or weights > d.synced_version:
+                d.synced_version = weights  # the controller's own sync (evaluations) is then a no-op
         if self.version < min_version:
             raise RuntimeError(
                 f"async rollout needs policy version >= {min_version}; the workers hold {self.version}"
