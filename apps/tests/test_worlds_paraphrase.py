@@ -54,3 +54,23 @@ def test_unseen_forms_must_be_user_forms_not_canonical_words() -> None:
         ShapesParaphraseDataConfig(sft_unseen_forms=("three",))
     with pytest.raises(ValidationError, match="sft_unseen_forms"):
         ShapesParaphraseDataConfig(sft_unseen_forms=("trio", "purple"))
+
+
+def test_rewrite_noise_mislabels_a_seeded_fraction_of_sft_targets_only() -> None:
+    clean = ShapesParaphraseDataConfig().build()
+    noisy = ShapesParaphraseDataConfig(sft_rewrite_noise=0.3).build()
+    a, b = clean.sft_pairs(2000, seed=1, step=5), noisy.sft_pairs(2000, seed=1, step=5)
+    assert [p for p, _ in a] == [p for p, _ in b]  # the same prompts, only targets change
+    captions = {str(r.answer) for r in clean.all_records()}
+    assert {t for _, t in b} <= captions  # a wrong target is still a canonical caption
+    wrong = sum(ta != tb for (_, ta), (_, tb) in zip(a, b, strict=True)) / len(a)
+    # p = 0.3 minus the draws that land on the prompt's own caption (1 in 18 specs)
+    assert abs(wrong - 0.3 * 17 / 18) < 0.03
+    assert b == noisy.sft_pairs(2000, seed=1, step=5)  # a pure function of (seed, step)
+    # RL's prompts and evaluation never see the noise
+    assert [(r.prompt, r.answer) for r in noisy.train_records()] == [
+        (r.prompt, r.answer) for r in clean.train_records()
+    ]
+    assert [(r.prompt, r.answer) for r in noisy.eval_records()] == [
+        (r.prompt, r.answer) for r in clean.eval_records()
+    ]

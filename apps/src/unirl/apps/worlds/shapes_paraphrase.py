@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from unirl.apps.loop import PromptRecord
+from unirl.apps.worlds.caption_noise import mislabel
 from unirl.apps.worlds.shapes import ShapesWorld, ShapesWorldConfig
 from unirl.reward.worlds.shapes_spec import ObjectGroup, ShapesSpec, spec_to_caption
 
@@ -120,6 +121,14 @@ class ShapesParaphraseDataConfig(BaseModel):
         "sft_unseen_forms: the prompts SFT had no rewrite for, where the reward is the only teacher)",
     )
 
+    sft_rewrite_noise: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="fraction of SFT rewrite pairs whose target is the canonical caption of a random "
+        "spec instead of the prompt's own (a noisy labeller); RL and evaluation never see it",
+    )
+
     @field_validator("sft_unseen_forms")
     @classmethod
     def _known_forms(cls, forms: tuple[str, ...]) -> tuple[str, ...]:
@@ -143,6 +152,7 @@ class ShapesParaphraseDataConfig(BaseModel):
                         "split_seed",
                         "sft_unseen_forms",
                         "rl_prompts",
+                        "sft_rewrite_noise",
                     }
                 ),
                 split_seed=self.split_seed,
@@ -160,6 +170,7 @@ class ShapesParaphraseSource:
     def __init__(self, world: ShapesWorld, cfg: ShapesParaphraseDataConfig) -> None:
         self.world, self.cfg = world, cfg
         rng = random.Random(cfg.split_seed)
+        self._captions = sorted({spec_to_caption(spec) for spec in world.specs("all")})
         self._split: dict[str, list[PromptRecord]] = {"train": [], "held_out": []}
         for spec in world.specs("all"):
             caption = spec_to_caption(spec)
@@ -204,10 +215,15 @@ class ShapesParaphraseSource:
         return [recs[int(i)] for i in order]
 
     def sft_pairs(self, n: int, *, seed: int, step: int) -> list[tuple[str, str]]:
-        """``n`` (noisy prompt, canonical caption) training pairs, seeded by ``(seed, step)``."""
+        """``n`` (noisy prompt, canonical caption) training pairs, seeded by ``(seed, step)``; with
+        ``sft_rewrite_noise`` p each target is, with probability p, a random spec's caption."""
         train = self.sft_records()
         rng = np.random.default_rng([seed, step, 17])
-        return [(train[int(i)].prompt, str(train[int(i)].answer)) for i in rng.integers(len(train), size=n)]
+        picks = [train[int(i)] for i in rng.integers(len(train), size=n)]
+        targets = mislabel(
+            [str(r.answer) for r in picks], self._captions, self.cfg.sft_rewrite_noise, seed=seed, step=step
+        )
+        return [(r.prompt, t) for r, t in zip(picks, targets, strict=True)]
 
     def sft_examples(self, n: int, *, seed: int, step: int) -> tuple[np.ndarray, list[str]]:
         """``n`` renders ``uint8 [n, H, W, 3]`` of canonical captions of every spec (the renderer's SFT)."""
