@@ -70,3 +70,13 @@ def test_report_headline_states_the_interval_and_warns_within_noise() -> None:
     text = "\n".join(gain_lines(evals, worse))
     assert "accuracy fell beyond the evaluation's noise: rl made the policy worse than sft" in text
     assert "lost coverage and per-sample accuracy both" in text and "traded" not in text
+
+
+def test_stage_names_split_rl_points_from_levels_and_baselines() -> None:
+    from unirl.apps.evalstats import is_baseline, made_by_rl
+
+    assert all(made_by_rl(n) for n in ("rl", "rl@20", "eval"))
+    assert not any(made_by_rl(n) for n in ("init", "sft", "sft_oracle", "rl_unenhanced", "rl@x"))
+    # the prompt enhancer's comparisons are baselines (phase eval_baseline), the run's stages are not
+    assert all(is_baseline(n) for n in ("sft_unenhanced", "sft_oracle", "rl_unenhanced", "eval_oracle"))
+    assert not any(is_baseline(n) for n in ("init", "sft", "rl@40", "rl"))

@@ -22,7 +22,10 @@ TINY = ["device=cpu", "threads=1", "ar.model.tiny.hidden_size=32", "ar.model.tin
         "diffusion.model.unet_text_layers=1", "diffusion.sampling.num_steps=4", "rl.steps=1",
         "rl.prompts_per_step=2", "rl.samples_per_prompt=4", "rl.images_per_rewrite=2",
         "ar.rl.geometry.micro_batch_size=8", "eval.num_prompts=2", "eval.samples_per_prompt=1",
-        "eval.grid_size=2", "eval.every=0"]  # fmt: skip
+        "eval.grid_size=2", "eval.every=0",
+        # counts 1-3 (the recipe has 1-2): on these prompts the untrained renderer's renders score
+        # differently within a group, so the first step has non-zero advantages to train on
+        "data.max_count_single=3"]  # fmt: skip
 DIFFUSION_RL = {
     "algorithm": {"kind": "flow_grpo", "clip_range": 1e-3},
     "geometry": {"micro_batch_size": 16},

@@ -9,6 +9,7 @@ prompts, with replacement, and recomputes both stages' means on each resample.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -17,6 +18,19 @@ from unirl.types import Reward, Sample
 
 Outcomes = Mapping[str, Sequence[float]]
 """prompt (group) id -> that prompt's per-sample outcomes (1.0 solved, 0.0 not; or a score)."""
+
+
+def made_by_rl(name: str) -> bool:
+    """Whether the evaluation ``name`` is a point of RL's curve: ``rl@N`` (during RL), ``rl`` (the
+    end) or ``eval`` (a standalone evaluation); the others (``init``, ``sft`` and the baselines
+    beside a stage, e.g. the prompt enhancer's ``sft_unenhanced``) are levels."""
+    return re.fullmatch(r"rl(@\d+)?|eval", name) is not None
+
+
+def is_baseline(name: str) -> bool:
+    """A comparison evaluated beside a stage (``<stage>_<mode>``), not a stage of the run itself:
+    logged as phase ``eval_baseline`` so RL's curve (phase ``eval``) holds only the run's own stages."""
+    return name not in ("init", "sft") and not made_by_rl(name)
 
 
 def bootstrap_interval(

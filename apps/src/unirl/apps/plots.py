@@ -100,16 +100,22 @@ def plot_eval_curve(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from unirl.apps.evalstats import bootstrap_interval
+    from unirl.apps.evalstats import bootstrap_interval, made_by_rl
 
-    levels = {k: v for k, v in evals.items() if k in ("init", "sft")}
-    # the curve starts at the SFT result (RL step 0), then every evaluation RL made
-    curve = (["sft"] if "sft" in evals else []) + [k for k in evals if k not in levels]
+    # the curve starts at the SFT result (RL step 0), then every evaluation RL made (rl@N, rl, eval);
+    # the others are levels: init, sft and the baselines beside a stage (e.g. PE's sft_unenhanced)
+    rl_points = [k for k in evals if made_by_rl(k)]
+    curve = (["sft"] if "sft" in evals else []) + rl_points
+    levels = [k for k in evals if k not in rl_points]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.8), dpi=100)
-    for name, style in (("init", ":"), ("sft", "--")):
-        if name in levels:
-            ax.axhline(levels[name]["accuracy"], ls=style, color="grey", label=f"{name} accuracy")
-            bx.axhline(levels[name]["reward"], ls=style, color="grey", label=f"{name} reward")
+    styles = {"init": (":", "grey"), "sft": ("--", "grey")}
+    others = ("tab:red", "tab:green", "tab:purple", "tab:brown")
+    for i, name in enumerate(k for k in levels if k not in styles):
+        styles[name] = ("-.", others[i % len(others)])
+    for name in levels:
+        style, colour = styles[name]
+        ax.axhline(evals[name]["accuracy"], ls=style, color=colour, lw=1, label=f"{name} accuracy")
+        bx.axhline(evals[name]["reward"], ls=style, color=colour, lw=1, label=f"{name} reward")
     if curve:
         xs = [steps.get(k, 0) for k in curve]
         acc = [evals[k]["accuracy"] for k in curve]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from unirl.apps.data import PromptSource
-from unirl.apps.evalstats import solved_by_prompt, summarize_scores
+from unirl.apps.evalstats import is_baseline, solved_by_prompt, summarize_scores
 from unirl.apps.loop import PromptRecord, by_group, make_samples
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.components import DomainSteps, SampleScorer
@@ -97,7 +97,8 @@ class Evaluation:
         self.evals[name] = m
         self.eval_steps[name] = step
         self.eval_outcomes[name] = outcomes
-        self.run.log(step, {f"eval_{k}": v for k, v in m.items()}, phase="eval")
+        phase = "eval_baseline" if is_baseline(name) else "eval"
+        self.run.log(step, {f"eval_{k}": v for k, v in m.items()}, phase=phase)
         log.info("eval %-8s reward=%.3f accuracy=%.1f%% pass@%d=%.1f%% (%d prompts)", name, m["reward"],
                  100 * m["accuracy"], ev.samples_per_prompt, 100 * m["pass_at_k"], len(outcomes))  # fmt: skip
         if grid and ev.grid_size:
