@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from unirl.apps.evalstats import paired_bootstrap
+from unirl.apps.evalstats import is_baseline, paired_bootstrap
 
 
 def _fmt(x: float | None) -> str:
@@ -22,7 +22,7 @@ def gain_lines(
     """The headline of a run: the last stage's per-sample accuracy against the SFT result (the stage
     before it when there is no SFT), with a paired bootstrap interval over the shared prompts, a
     warning when that interval holds 0, and what happened to pass@k and diversity."""
-    stages = [k for k in evals if "accuracy" in evals[k]]
+    stages = [k for k in evals if "accuracy" in evals[k] and not is_baseline(k)]
     if len(stages) < 2:
         return []
     first, last = stages[-2], stages[-1]
@@ -74,6 +74,22 @@ def gain_lines(
             )
             line += f". **pass@k fell by more than {PASS_AT_K_DROP * 100:.0f} points: {why}.**"
         out += ["", line + ("" if line.endswith("**") else ".")]
+    return out + baseline_lines(evals, outcomes or {}, last)
+
+
+def baseline_lines(
+    evals: dict[str, dict[str, float]], outcomes: dict[str, dict[str, list[float]]], last: str
+) -> list[str]:
+    """The last stage against each baseline evaluated beside a stage (e.g. the prompt enhancer's
+    ``sft_unenhanced``: the renderer on the raw prompts), with the same paired interval."""
+    out = []
+    for name in (k for k in evals if is_baseline(k) and "accuracy" in evals[k]):
+        a, b = evals[name]["accuracy"], evals[last]["accuracy"]
+        line = f"{last} vs {name}: accuracy {a:.1%} -> {b:.1%} ({(b - a) * 100:+.1f} points"
+        if name in outcomes and last in outcomes:
+            _, lo, hi = paired_bootstrap(outcomes[name], outcomes[last])
+            line += f"; 95% interval {lo * 100:+.1f} to {hi * 100:+.1f}"
+        out += ["", line + ")."]
     return out
 
 
