@@ -69,6 +69,24 @@ def test_reset_optimizer_gives_a_fresh_adam_and_keeps_weights_and_step() -> None
     torch.testing.assert_close(moved(reset=True), torch.tensor([[0.1, 0.1]]), atol=1e-5, rtol=0)
 
 
+def test_step_reports_the_rate_it_applied_after_a_phase_changes_it() -> None:
+    """A new phase's lr (``set_base_lr``, as RL after SFT) is what its first step applies and reports
+    (it reported the previous phase's rate: the scheduler's last lr is stale until it steps)."""
+    from unirl.train.optim import set_base_lr
+
+    b = linear_backend()
+    backward_xy(b)
+    assert b.step().lr == pytest.approx(0.1)
+    set_base_lr(b.optimizer, b.scheduler, 0.01)
+    w = full(b.module.weight.detach()).clone()
+    b.reset_optimizer()  # a fresh AdamW: its first step moves each weight by exactly lr
+    backward_xy(b)
+    assert b.step().lr == pytest.approx(0.01)
+    torch.testing.assert_close(
+        full(b.module.weight.detach()) - w, torch.tensor([[-0.01, -0.01]]), atol=1e-6, rtol=0
+    )
+
+
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_nonfinite_grad_skips_the_step(bad: float) -> None:
     b = linear_backend(ema=EMAConfig(decay=0.5), scheduler=LinearWarmupSchedule(warmup_steps=2))

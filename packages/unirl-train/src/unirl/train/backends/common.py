@@ -109,7 +109,9 @@ class OptimizedBackend:
         params = [p for p in self.trainable.values() if p.grad is not None]
         norm = self._total_grad_norm(params)
         grad_norm = float(full_tensor(norm))
-        lr = float(self.scheduler.get_last_lr()[0])
+        # the rate this step applies: the optimizer's, which a phase's set_base_lr changes directly
+        # (the scheduler's get_last_lr() keeps the previous phase's until its next step)
+        lr = float(self.optimizer.param_groups[0]["lr"])
         if not math.isfinite(grad_norm):
             self.zero_grad()
             return StepStats(grad_norm=grad_norm, lr=lr, skipped_nonfinite=True, global_step=self._step)
