@@ -334,6 +334,19 @@ def sweep(
     return outcomes
 
 
+def write_json(
+    args: argparse.Namespace, recipe: str, work: Path, outcomes: list[Outcome], wall_s: float
+) -> None:
+    """The sweep as JSON (``scripts/reliability_figures.py kill-sweep`` plots it)."""
+    traced = list(dict.fromkeys((work / "whole.trace").read_text().split()))
+    res = {"preset": args.preset, "recipe": recipe, "launcher": args.launcher, "seed": args.seed,
+           "at": args.at, "traced": traced, "wall_s": round(wall_s, 1), "cpus": os.cpu_count(),
+           "loadavg_1min": os.getloadavg()[0], "outcomes": [vars(o) for o in outcomes]}  # fmt: skip
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {args.json}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="ar", help="recipe + tiny CPU overrides")
@@ -342,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=23)
     ap.add_argument("--launcher", choices=["spawn", "fork"], default="spawn")
     ap.add_argument("--work", type=Path, default=None, help="run directories (default: a temporary one)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the points and outcomes to this file")
     ap.add_argument("overrides", nargs="*", help="extra recipe overrides (a.b=value)")
     args = ap.parse_args(argv)
     recipe, overrides = PRESETS[args.preset]
@@ -354,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     survived = sum(o.ok for o in outcomes)
     print(f"kill points survived: {survived} / {len(outcomes)} ({recipe}, {args.launcher}, "
           f"{time.time() - t0:.0f} s; runs in {work})")  # fmt: skip
+    if args.json:
+        write_json(args, recipe, work, outcomes, time.time() - t0)
     return 0 if survived == len(outcomes) else 1
 
 
