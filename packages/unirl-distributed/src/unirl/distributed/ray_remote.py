@@ -89,7 +89,8 @@ class RayFuture:
         return len(ready) == len(self.refs)
 
     def result(self, timeout: float | None = None) -> list[Any]:
-        """Per-rank values; the first failing rank is reported as soon as it fails."""
+        """Per-rank values; the first failing rank is reported as soon as it fails (a raising rank
+        after up to ``PEER_DEATH_GRACE_S`` for its peers: a dead peer is reported as the cause)."""
         import ray
         import ray.exceptions as rex
 
@@ -117,12 +118,42 @@ class RayFuture:
                     ) from exc
                 except rex.RayTaskError as exc:
                     cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+                    self._raise_if_a_peer_died(pending, index, rank, cause)
                     raise RemoteCallError(
                         f"{self.where}: rank {rank} raised {type(cause).__name__}: {cause}"
                     ) from cause
                 except rex.RayError as exc:  # object lost, out of memory, ...: Ray's own failures
                     raise RemoteCallError(f"{self.where}: rank {rank}: Ray failed the call: {exc}") from exc
         return values
+
+    def _raise_if_a_peer_died(
+        self, pending: list[Any], index: dict[Any, int], rank: int, cause: BaseException
+    ) -> None:
+        """Rank ``rank`` raised; if a peer of the same call died, that death is the cause (a rank
+        left waiting in a collective fails with a connection error before Ray reports its dead peer):
+        wait up to ``PEER_DEATH_GRACE_S`` for the other ranks and raise WorkerDiedError naming it."""
+        import ray
+        import ray.exceptions as rex
+
+        if not pending:
+            return
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=PEER_DEATH_GRACE_S, fetch_local=False)
+        for ref in ready:
+            try:
+                ray.get(ref, timeout=0)
+            except (rex.ActorDiedError, rex.ActorUnavailableError, rex.RayActorError) as exc:
+                peer = self.targets[index[ref]]
+                raise WorkerDiedError(
+                    f"{self.where}: worker rank {peer} died during the call ({type(exc).__name__}); "
+                    f"its state is lost, restart the Remote (rank {rank} then raised "
+                    f"{type(cause).__name__}: {cause})"
+                ) from exc
+            except Exception:  # another rank's own error: the first one is reported
+                continue
+
+
+PEER_DEATH_GRACE_S = 5.0
+"""How long a call whose rank raised waits for its other ranks to tell whether one of them died."""
 
 
 class RayRemote(RemoteBase[W]):
