@@ -4,6 +4,10 @@
     .venv/bin/python scripts/reliability_figures.py weightsync [--broadcast]                  # §2
     .venv/bin/python scripts/reliability_figures.py component-death                           # §9 (~5 min)
     .venv/bin/python scripts/reliability_figures.py mutations                                 # §1
+    .venv/bin/python scripts/reliability_figures.py checkpoint-faults | source-scan          # §3, §4
+    .venv/bin/python scripts/reliability_figures.py server-bad-input | server-security       # §6, §7
+
+(the last four live in scripts/reliability_figures_server.py, registered below)
 
 ``kill-sweep`` reads what ``scripts/kill_sweep.py --json OUT`` wrote (one file per preset) and
 draws points survived / tried per kind of fault point. The other three run the pytest files the
@@ -170,7 +174,10 @@ class Recorder:
         self.records: list[dict[str, Any]] = []
 
     def pytest_runtest_logreport(self, report: Any) -> None:
-        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        last = self.records[-1] if self.records else {}
+        if report.when == "teardown" and report.capstdout and last.get("nodeid") == report.nodeid:
+            last["stdout"] = report.capstdout  # all phases' output: a module fixture's teardown print
+        elif report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             self.records.append(
                 {
                     "nodeid": report.nodeid,
@@ -362,8 +369,13 @@ def main(argv: list[str] | None = None) -> int:
     ws.add_argument("--broadcast", action="store_true", help="also the gloo broadcast sweep (~60 s)")
     sub.add_parser("component-death", help="run test_component_death.py's kill / hang tests (slow)")
     sub.add_parser("mutations", help="run test_recipe_mutations.py")
+    import reliability_figures_server  # §3, §4, §6, §7
+
+    reliability_figures_server.add_commands(sub)
     args = ap.parse_args(argv)
-    if args.cmd == "kill-sweep":
+    if hasattr(args, "figure"):
+        args.figure(args.out_dir, args.replot)
+    elif args.cmd == "kill-sweep":
         fig_kill_sweep([p.resolve() for p in args.sweeps], args.out_dir)
     elif args.cmd == "weightsync":
         fig_weightsync(args.broadcast, args.out_dir, args.replot)
