@@ -111,11 +111,8 @@ class RayFuture:
                 rank = self.targets[index[ref]]
                 try:
                     values[index[ref]] = ray.get(ref)
-                except (rex.ActorDiedError, rex.ActorUnavailableError, rex.RayActorError) as exc:
-                    raise WorkerDiedError(
-                        f"{self.where}: worker rank {rank} died during the call ({type(exc).__name__}); "
-                        "its state is lost, restart the Remote"
-                    ) from exc
+                except _death_errors() as exc:
+                    raise self._died(rank, exc) from exc
                 except rex.RayTaskError as exc:
                     cause = exc.cause if isinstance(exc.cause, BaseException) else exc
                     self._raise_if_a_peer_died(pending, index, rank, cause)
@@ -133,7 +130,6 @@ class RayFuture:
         left waiting in a collective fails with a connection error before Ray reports its dead peer):
         wait up to ``PEER_DEATH_GRACE_S`` for the other ranks and raise WorkerDiedError naming it."""
         import ray
-        import ray.exceptions as rex
 
         if not pending:
             return
@@ -141,15 +137,24 @@ class RayFuture:
         for ref in ready:
             try:
                 ray.get(ref, timeout=0)
-            except (rex.ActorDiedError, rex.ActorUnavailableError, rex.RayActorError) as exc:
-                peer = self.targets[index[ref]]
-                raise WorkerDiedError(
-                    f"{self.where}: worker rank {peer} died during the call ({type(exc).__name__}); "
-                    f"its state is lost, restart the Remote (rank {rank} then raised "
-                    f"{type(cause).__name__}: {cause})"
-                ) from exc
+            except _death_errors() as exc:
+                then = f" (rank {rank} then raised {type(cause).__name__}: {cause})"
+                raise self._died(self.targets[index[ref]], exc, then) from exc
             except Exception:  # another rank's own error: the first one is reported
                 continue
+
+    def _died(self, rank: int, exc: BaseException, then: str = "") -> WorkerDiedError:
+        return WorkerDiedError(
+            f"{self.where}: worker rank {rank} died during the call ({type(exc).__name__}); "
+            f"its state is lost, restart the Remote{then}"
+        )
+
+
+def _death_errors() -> tuple[type[BaseException], ...]:
+    """Ray's errors for a call whose actor died (ray is imported lazily)."""
+    import ray.exceptions as rex
+
+    return (rex.ActorDiedError, rex.ActorUnavailableError, rex.RayActorError)
 
 
 PEER_DEATH_GRACE_S = 5.0
