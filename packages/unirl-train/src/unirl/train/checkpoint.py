@@ -31,14 +31,13 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from unirl.train import sharded_checkpoint as sharded
-from unirl.train.backends.base import TrainBackend
 from unirl.types.faults import fault_point
 
 FORMAT_VERSION = 1
@@ -79,9 +78,28 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class Checkpointable(Protocol):
+    """What a checkpoint reads and restores of its target: every ``TrainBackend`` has it (so does
+    the PE trainer's pair of stacks saved as one). ``format="sharded"`` also needs
+    ``sharded_state_dict`` / ``load_sharded_state_dict`` (FSDPBackend)."""
+
+    @property
+    def global_step(self) -> int: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 def save_checkpoint(
     directory: str | os.PathLike[str],
-    backend: TrainBackend,
+    backend: Checkpointable,
     extra: dict[str, Any] | None = None,
     *,
     format: CheckpointFormat = "full",
@@ -137,7 +155,7 @@ def save_checkpoint(
     return final
 
 
-def _all_wrote(error: OSError | None, final: Path, tmp: Path, backend: TrainBackend) -> None:
+def _all_wrote(error: OSError | None, final: Path, tmp: Path, backend: Checkpointable) -> None:
     """Collective: return when every rank's writes succeeded; else every rank raises (none hangs
     in a barrier), rank 0 after deleting the unfinished `tmp` (a full disk gets its space back)."""
     if sharded.all_ok(error is None, backend.world_size):
@@ -177,7 +195,7 @@ def save_error(error: OSError, final: Path) -> OSError:
     )
 
 
-def _make_tmp(tmp: Path, final: Path, backend: TrainBackend) -> None:
+def _make_tmp(tmp: Path, final: Path, backend: Checkpointable) -> None:
     """Rank 0 makes a fresh `tmp`; every rank raises if it could not (also the barrier after it)."""
     made: OSError | None = None
     try:
@@ -204,7 +222,7 @@ def read_checkpoint_file(directory: str | os.PathLike[str], name: str) -> bytes 
 
 
 def _save_sharded(
-    final: Path, tmp: Path, backend: TrainBackend, extra_text: str, files: dict[str, bytes]
+    final: Path, tmp: Path, backend: Checkpointable, extra_text: str, files: dict[str, bytes]
 ) -> Path:
     state_fn = getattr(backend, "sharded_state_dict", None)
     if state_fn is None:
@@ -283,7 +301,7 @@ def latest_complete(directory: str | os.PathLike[str]) -> Path | None:
     return best[1] if best is not None else None
 
 
-def load_checkpoint(directory: str | os.PathLike[str], backend: TrainBackend) -> dict[str, Any]:
+def load_checkpoint(directory: str | os.PathLike[str], backend: Checkpointable) -> dict[str, Any]:
     """Restore `backend` and this rank's RNG from `directory`; returns the caller's extra state."""
     path = Path(directory)
     meta_path = path / "meta.json"
@@ -307,7 +325,7 @@ def load_checkpoint(directory: str | os.PathLike[str], backend: TrainBackend) ->
     return json.loads((path / "extra.json").read_text())
 
 
-def _load_sharded(path: Path, meta: dict[str, Any], backend: TrainBackend) -> dict[str, Any]:
+def _load_sharded(path: Path, meta: dict[str, Any], backend: Checkpointable) -> dict[str, Any]:
     if meta.get("format_version") != SHARDED_FORMAT_VERSION:
         raise ValueError(
             f"checkpoint {path} has format_version={meta.get('format_version')}, expected "
@@ -342,6 +360,6 @@ def _replace_dir(src: Path, dst: Path, step: int) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _barrier(backend: TrainBackend) -> None:
+def _barrier(backend: Checkpointable) -> None:
     if backend.world_size > 1:
         dist.barrier()

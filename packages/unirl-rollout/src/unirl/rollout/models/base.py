@@ -18,6 +18,7 @@ from unirl.types import Conditions, to_torch
 __all__ = [
     "NEGATIVE_PREFIX",
     "DiffusersPipelineBundle",
+    "EncodesImages",
     "FlowBundle",
     "SigmaPolicy",
     "VideoFlowBundle",
@@ -60,9 +61,14 @@ class FlowBundle(Protocol):
 
     transformer: nn.Module
     """The trainable module (wrap it for FSDP / LoRA in place; the bundle keeps calling it)."""
-    dynamic_schedule: SigmaPolicy
-    """The model's resolution-dependent schedule (``DynamicShiftSchedule`` or the family's own
-    policy, e.g. FLUX.2's empirical mu), used when ``sampling_params.dynamic_shift``."""
+
+    @property
+    def dynamic_schedule(self) -> SigmaPolicy:
+        """The model's resolution-dependent schedule (``DynamicShiftSchedule`` or the family's own
+        policy, e.g. FLUX.2's empirical mu), used when ``sampling_params.dynamic_shift`` (read-only
+        here, so a bundle may declare its own schedule class)."""
+        ...
+
     embedded_guidance: bool
     """True for guidance-distilled models (FLUX.1-dev): ``guidance_scale`` is fed to the model as
     ``conditions["guidance"]`` [B] and no CFG batch is run. False: classifier-free guidance."""
@@ -104,6 +110,15 @@ class FlowBundle(Protocol):
     def decode(self, latents: Tensor) -> Tensor:
         """Final latents [B, C, h, w] -> uint8 images [B, H, W, 3]."""
         ...
+
+
+@runtime_checkable
+class EncodesImages(Protocol):
+    """Optional FlowBundle capability: pixels -> latents with its VAE (or the identity, in pixel
+    space), which supervised flow matching trains on: uint8 ``[B, H, W, 3]`` (a video bundle:
+    ``[B, F, H, W, 3]``) -> latents ``[B, ...]``."""
+
+    def encode_images(self, images_BHWC: Tensor) -> Tensor: ...
 
 
 @runtime_checkable

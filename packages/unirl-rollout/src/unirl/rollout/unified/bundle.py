@@ -37,8 +37,12 @@ CONTEXT_IDS, CONTEXT_MASK = "context_ids", "context_mask"
 class UnifiedBundle(Protocol):
     """A unified AR + flow-matching model as rollout and training see it (see the module docstring)."""
 
-    model: nn.Module
-    """The one trainable backbone (both heads); the train backend wraps it in place."""
+    @property
+    def model(self) -> nn.Module:
+        """The one trainable backbone (both heads); the train backend wraps it in place (read-only
+        here, so a bundle may declare its own module class)."""
+        ...
+
     dynamic_schedule: DynamicShiftSchedule
     embedded_guidance: bool
     eos_token_id: int

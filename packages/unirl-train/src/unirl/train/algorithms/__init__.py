@@ -13,6 +13,7 @@ from pydantic import Field
 from unirl.train.algorithms.base import (
     BatchTotals,
     ContextReference,
+    DrawsOwnRNG,
     ShapesRewards,
     StageAlgorithm,
     UsesOldPolicy,
@@ -54,6 +55,7 @@ __all__ = [
     "DanceGRPOConfig",
     "DiffusionNFT",
     "DiffusionNFTConfig",
+    "DrawsOwnRNG",
     "FlowDPPO",
     "FlowDPPOConfig",
     "FlowGRPO",

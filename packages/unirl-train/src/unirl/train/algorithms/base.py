@@ -82,6 +82,17 @@ class ShapesRewards(Protocol):
     def shape_rewards(self, parts: Sequence[Part]) -> None: ...
 
 
+@runtime_checkable
+class DrawsOwnRNG(Protocol):
+    """Optional StageAlgorithm capability: it draws from its own torch generator (FlowSFT's and
+    DiffusionNFT's t / noise), whose state a checkpoint saves so a resumed run draws on where the
+    run stopped instead of from the seed again."""
+
+    def get_rng_state(self) -> Tensor: ...
+
+    def set_rng_state(self, state: Tensor) -> None: ...
+
+
 class StepReplayLike(Protocol):
     """What ``FlowMatchPipeline.replay_step`` returns for one step ``j`` of B parts."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -104,6 +104,19 @@ class MicroBatchRunner(Protocol):
     def run_micro_batches(
         self, micro: Sequence[Any], loss_fn: Callable[[Any], tuple[torch.Tensor, dict[str, float]]]
     ) -> list[tuple[float, dict[str, float]]]: ...
+
+
+@runtime_checkable
+class ExportsHFWeights(Protocol):
+    """Optional backend capability: the trained weights under the Hugging Face model's names
+    (megatron: its layers re-sharded by TP / PP, gathered), for a rollout copy built from the
+    Hugging Face model. Collective."""
+
+    def hf_param_names(self) -> list[str]:
+        """The names, in the Hugging Face model's parameter order."""
+        ...
+
+    def named_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]: ...
 
 
 @runtime_checkable
