@@ -7,6 +7,7 @@ the value received and what is allowed.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from types import UnionType
@@ -17,6 +18,8 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
 C = TypeVar("C", bound=BaseModel)
+Loc = tuple[int | str, ...]
+"""A pydantic error location: field names, list indices and union tags."""
 
 
 class RecipeError(ValueError):
@@ -134,7 +137,7 @@ def _merge_into_list(old: ListConfig, by_index: DictConfig, where: str) -> ListC
 
 
 def format_validation_error(
-    err: ValidationError, data: Any = None, model: type[BaseModel] | None = None
+    err: ValidationError, data: object = None, model: type[BaseModel] | None = None
 ) -> str:
     """One line per error: the recipe path, what is wrong, the value received and a fix.
 
@@ -165,16 +168,15 @@ def format_validation_error(
     return "\n".join(lines)
 
 
-def _recipe_path(loc: tuple[Any, ...], data: Any, *, missing: bool) -> str:
+def _recipe_path(loc: Loc, data: object, *, missing: bool) -> str:
     """``loc`` as the recipe path: elements that are not keys of the input are union tags, except
     the last element of a missing field (the field the recipe lacks)."""
     parts: list[str] = []
     node = data
     for i, x in enumerate(loc):
-        if (isinstance(node, dict) and x in node) or (
-            isinstance(node, list | tuple) and isinstance(x, int) and 0 <= x < len(node)
-        ):
-            node = node[x]
+        found, child = _child(node, x)
+        if found:
+            node = child
         elif isinstance(node, dict) and not (missing and i == len(loc) - 1):
             continue  # a union tag
         else:
@@ -183,7 +185,18 @@ def _recipe_path(loc: tuple[Any, ...], data: Any, *, missing: bool) -> str:
     return ".".join(parts)
 
 
-def _fix_hint(kind: str, ctx: dict[str, Any], path: str, loc: tuple[Any, ...], model: Any) -> str:
+def _child(node: object, x: int | str) -> tuple[bool, object]:
+    """(whether ``x`` is a key or an index of ``node``, the element there)."""
+    if isinstance(node, dict) and x in node:
+        return True, node[x]
+    if isinstance(node, list | tuple) and isinstance(x, int) and 0 <= x < len(node):
+        return True, node[x]
+    return False, None
+
+
+def _fix_hint(
+    kind: str, ctx: Mapping[str, object], path: str, loc: Loc, model: type[BaseModel] | None
+) -> str:
     bounds = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
     if kind in bounds:
         limit = next(iter(ctx.values()), "?")
@@ -214,9 +227,9 @@ def _fix_hint(kind: str, ctx: dict[str, Any], path: str, loc: tuple[Any, ...], m
     return f"see the description of {path} in the config model"
 
 
-def _fields_at(model: Any, loc: tuple[Any, ...]) -> list[str]:
+def _fields_at(model: type[BaseModel] | None, loc: Loc) -> list[str]:
     """Field names of the config model at pydantic location ``loc`` (union tags included), or []."""
-    tp: Any = model
+    tp: object = model
     for x in loc:
         tp = _step(_unwrap(tp), x)
         if tp is None:
@@ -225,7 +238,7 @@ def _fields_at(model: Any, loc: tuple[Any, ...]) -> list[str]:
     return list(tp.model_fields) if isinstance(tp, type) and issubclass(tp, BaseModel) else []
 
 
-def _unwrap(tp: Any) -> Any:
+def _unwrap(tp: object) -> object:
     while get_origin(tp) is Annotated:
         tp = get_args(tp)[0]
     if get_origin(tp) in (Union, UnionType):
@@ -235,7 +248,7 @@ def _unwrap(tp: Any) -> Any:
     return tp
 
 
-def _step(tp: Any, x: Any) -> Any:
+def _step(tp: object, x: int | str) -> object:
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         field = tp.model_fields.get(str(x))
         return None if field is None else field.annotation

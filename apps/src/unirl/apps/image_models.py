@@ -5,10 +5,13 @@ the CPU variant each family's recipe has."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from unirl.rollout.models.base import FlowBundle
 
 __all__ = [
     "Flux2KleinModelConfig",
@@ -37,25 +40,23 @@ class _DiffusersFamilyConfig(BaseModel):
         default=None, ge=1, description="text tokens per prompt; null = the family's default"
     )
 
-    def bundle_class(self) -> Any:
-        """The family's bundle class (imported here: diffusers loads only when a model is built)."""
+    def build(self, device: torch.device, seed: int) -> FlowBundle:
+        """The family's tiny model (``path: null``) or ``from_pretrained(path, **self.loading(device))``;
+        each family imports its bundle class here (diffusers loads only when a model is built)."""
         raise NotImplementedError
 
-    def tiny_kwargs(self) -> dict[str, Any]:
-        return {}
+    def loading(self, device: torch.device) -> _Loading:
+        """The ``from_pretrained`` keywords every family takes."""
+        kw = _Loading(dtype=torch_dtype(self.dtype), device=device)
+        if self.max_sequence_length is not None:
+            kw["max_sequence_length"] = self.max_sequence_length
+        return kw
 
-    def load_kwargs(self) -> dict[str, Any]:
-        """Extra ``from_pretrained`` keywords of the family."""
-        return {}
 
-    def build(self, device: torch.device, seed: int) -> Any:
-        cls = self.bundle_class()
-        if self.path is None:
-            return cls.tiny(seed=seed, **self.tiny_kwargs()).to(device)
-        kw = {} if self.max_sequence_length is None else {"max_sequence_length": self.max_sequence_length}
-        return cls.from_pretrained(
-            self.path, dtype=torch_dtype(self.dtype), device=device, **kw, **self.load_kwargs()
-        )
+class _Loading(TypedDict, total=False):
+    dtype: torch.dtype
+    device: torch.device
+    max_sequence_length: int
 
 
 class FluxModelConfig(_DiffusersFamilyConfig):
@@ -68,13 +69,12 @@ class FluxModelConfig(_DiffusersFamilyConfig):
         default=True, description="path: null only: build the tiny model guidance-distilled (FLUX.1-dev-like)"
     )
 
-    def bundle_class(self) -> Any:
+    def build(self, device: torch.device, seed: int) -> FlowBundle:
         from unirl.rollout.models.flux import FluxBundle
 
-        return FluxBundle
-
-    def tiny_kwargs(self) -> dict[str, Any]:
-        return {"guidance_embeds": self.tiny_guidance_embeds}
+        if self.path is None:
+            return FluxBundle.tiny(seed=seed, guidance_embeds=self.tiny_guidance_embeds).to(device)
+        return FluxBundle.from_pretrained(self.path, **self.loading(device))
 
 
 class QwenImageModelConfig(_DiffusersFamilyConfig):
@@ -83,10 +83,12 @@ class QwenImageModelConfig(_DiffusersFamilyConfig):
 
     kind: Literal["qwen_image"] = "qwen_image"
 
-    def bundle_class(self) -> Any:
+    def build(self, device: torch.device, seed: int) -> FlowBundle:
         from unirl.rollout.models.qwen_image import QwenImageBundle
 
-        return QwenImageBundle
+        if self.path is None:
+            return QwenImageBundle.tiny(seed=seed).to(device)
+        return QwenImageBundle.from_pretrained(self.path, **self.loading(device))
 
 
 class Flux2KleinModelConfig(_DiffusersFamilyConfig):
@@ -99,13 +101,12 @@ class Flux2KleinModelConfig(_DiffusersFamilyConfig):
         default=False, description="path: null only: build a step-distilled tiny Klein"
     )
 
-    def bundle_class(self) -> Any:
+    def build(self, device: torch.device, seed: int) -> FlowBundle:
         from unirl.rollout.models.flux2 import Flux2KleinBundle
 
-        return Flux2KleinBundle
-
-    def tiny_kwargs(self) -> dict[str, Any]:
-        return {"is_distilled": self.tiny_distilled}
+        if self.path is None:
+            return Flux2KleinBundle.tiny(seed=seed, is_distilled=self.tiny_distilled).to(device)
+        return Flux2KleinBundle.from_pretrained(self.path, **self.loading(device))
 
 
 class ZImageModelConfig(_DiffusersFamilyConfig):
@@ -114,10 +115,12 @@ class ZImageModelConfig(_DiffusersFamilyConfig):
 
     kind: Literal["z_image"] = "z_image"
 
-    def bundle_class(self) -> Any:
+    def build(self, device: torch.device, seed: int) -> FlowBundle:
         from unirl.rollout.models.z_image import ZImageBundle
 
-        return ZImageBundle
+        if self.path is None:
+            return ZImageBundle.tiny(seed=seed).to(device)
+        return ZImageBundle.from_pretrained(self.path, **self.loading(device))
 
 
 class WanModelConfig(_DiffusersFamilyConfig):
@@ -136,16 +139,17 @@ class WanModelConfig(_DiffusersFamilyConfig):
     )
     tiny_flow_shift: float = Field(default=3.0, gt=0, description="path: null only: the scheduler's shift")
 
-    def bundle_class(self) -> Any:
+    def build(self, device: torch.device, seed: int) -> FlowBundle:
         from unirl.rollout.models.wan import WanBundle
 
-        return WanBundle
-
-    def tiny_kwargs(self) -> dict[str, Any]:
-        return {"two_experts": self.tiny_two_experts, "flow_shift": self.tiny_flow_shift}
-
-    def load_kwargs(self) -> dict[str, Any]:
-        return {"vae_dtype": torch_dtype(self.vae_dtype), "fps": self.fps}
+        if self.path is None:
+            tiny = WanBundle.tiny(
+                seed=seed, two_experts=self.tiny_two_experts, flow_shift=self.tiny_flow_shift
+            )
+            return tiny.to(device)
+        return WanBundle.from_pretrained(
+            self.path, **self.loading(device), vae_dtype=torch_dtype(self.vae_dtype), fps=self.fps
+        )
 
 
 class HunyuanVideoModelConfig(_DiffusersFamilyConfig):
@@ -156,10 +160,9 @@ class HunyuanVideoModelConfig(_DiffusersFamilyConfig):
 
     fps: float = Field(default=24.0, gt=0, description="frame rate of the decoded videos")
 
-    def bundle_class(self) -> Any:
+    def build(self, device: torch.device, seed: int) -> FlowBundle:
         from unirl.rollout.models.hunyuan_video import HunyuanVideoBundle
 
-        return HunyuanVideoBundle
-
-    def load_kwargs(self) -> dict[str, Any]:
-        return {"fps": self.fps}
+        if self.path is None:
+            return HunyuanVideoBundle.tiny(seed=seed).to(device)
+        return HunyuanVideoBundle.from_pretrained(self.path, **self.loading(device), fps=self.fps)

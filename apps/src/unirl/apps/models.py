@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,6 +16,9 @@ from unirl.apps.image_models import (
     ZImageModelConfig,
     torch_dtype,
 )
+
+if TYPE_CHECKING:
+    from unirl.rollout.models.base import FlowBundle
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 DType = Literal["float32", "bfloat16", "float16"]
@@ -33,7 +36,7 @@ class SD3ModelConfig(BaseModel):
     dtype: DType = "float32"
     max_sequence_length: int = Field(default=256, ge=1)
 
-    def build(self, device: torch.device, seed: int) -> Any:
+    def build(self, device: torch.device, seed: int) -> FlowBundle:
         from unirl.rollout.models.sd3 import SD3Bundle
 
         if self.path is None:
@@ -76,7 +79,7 @@ class TinyShapesModelConfig(BaseModel):
         description="init std of the frozen text encoder's positions (~1 keeps word order)",
     )
 
-    def build(self, device: torch.device, seed: int) -> Any:
+    def build(self, device: torch.device, seed: int) -> FlowBundle:
         from unirl.rollout.models.tiny.pixel_bundle import PixelFlowBundle
 
         return PixelFlowBundle.shapes(**self.model_dump(exclude={"kind"}), seed=seed).to(device)
@@ -96,7 +99,7 @@ class TinyVideoModelConfig(BaseModel):
     max_frames: int = Field(default=16, ge=1, description="frames the frame embedding covers")
     fps: float = Field(default=4.0, gt=0)
 
-    def build(self, device: torch.device, seed: int) -> Any:
+    def build(self, device: torch.device, seed: int) -> FlowBundle:
         from unirl.rollout.models.tiny.video_bundle import PixelVideoBundle
 
         kw = self.model_dump(exclude={"kind", "resolution"})

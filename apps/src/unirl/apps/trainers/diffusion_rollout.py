@@ -15,7 +15,7 @@ so the parity guard is what stops a run once the trainer's policy has moved away
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
@@ -71,7 +71,7 @@ class DiffusionRolloutConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _remote_needs_url(cls, data: Any) -> Any:
+    def _remote_needs_url(cls, data: object) -> object:
         eng = data.get("engine") if isinstance(data, dict) else None
         if isinstance(eng, dict) and eng.get("kind") in REMOTE_KINDS and not eng.get("url"):
             raise ValueError(
