@@ -13,14 +13,47 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["capture", "restore"]
+from unirl.apps.run_dir import RunDir
+
+__all__ = ["RunHistory", "capture", "restore"]
 
 
-def capture(trainer: Any) -> dict[str, Any]:
+class _Phase(Protocol):
+    @property
+    def steps(self) -> int: ...
+
+
+class _Recipe(Protocol):
+    @property
+    def rl(self) -> _Phase | None: ...
+
+
+class RunHistory(Protocol):
+    """What ``capture`` / ``restore`` read and write of a trainer (``Trainer``, the Ray driver)."""
+
+    evals: dict[str, dict[str, float]]
+    eval_steps: dict[str, int]
+    eval_outcomes: dict[str, dict[str, list[float]]]
+    timings: dict[str, float]
+    grids: list[str]
+    rl_step: int
+    checkpoint_rows: int | None
+
+    @property
+    def cfg(self) -> _Recipe: ...
+
+    @property
+    def run(self) -> RunDir: ...
+
+    @property
+    def rl_started(self) -> float | None: ...
+
+
+def capture(trainer: RunHistory) -> dict[str, Any]:
     """The run state of ``trainer`` (a ``Trainer``) now, JSON-safe."""
     timings = dict(trainer.timings)
     if trainer.rl_started is not None:  # mid-RL: its time so far (rl() adds the phase's when it ends)
@@ -41,7 +74,7 @@ def capture(trainer: Any) -> dict[str, Any]:
     }
 
 
-def restore(trainer: Any, extra: dict[str, Any]) -> None:
+def restore(trainer: RunHistory, extra: dict[str, Any]) -> None:
     """Inverse of ``capture`` (after the data cursor is restored); a checkpoint that has none of
     it (written before it was saved) leaves the trainer's fresh state and the metrics as they are."""
     rows = extra.get("metrics_rows")
@@ -62,7 +95,7 @@ def restore(trainer: Any, extra: dict[str, Any]) -> None:
         _rename_eval(trainer, "rl", f"rl@{trainer.eval_steps['rl']}")
 
 
-def _rename_eval(trainer: Any, old: str, new: str) -> None:
+def _rename_eval(trainer: RunHistory, old: str, new: str) -> None:
     """The final evaluation of a run stopped early (Ctrl-C) or extended (more `rl.steps`) is an
     intermediate one of the run that goes on: named by its step, so the final one does not replace
     it, and its grid file moved aside so the final grid does not overwrite it."""

@@ -21,9 +21,29 @@ from __future__ import annotations
 import threading
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from unirl.types import Sample, list_from_bytes, to_bytes
+
+
+class BatchIndex(TypedDict):
+    """One buffered batch in ``BufferState`` (its ``n`` Samples are in the binary part)."""
+
+    slot: int
+    version: int
+    extra: dict[str, float]
+    n: int
+
+
+class BufferState(TypedDict):
+    """The JSON half of ``SampleBuffer.state``: counters, cursor and the buffered batches' index."""
+
+    next_slot: int
+    produced: int
+    trained: int
+    dropped: int
+    staleness: dict[str, int]
+    batches: list[BatchIndex]
 
 
 @dataclass
@@ -136,11 +156,11 @@ class SampleBuffer:
                 "async/buffered": float(len(self._queue)),
             }
 
-    def state(self) -> tuple[dict[str, Any], bytes]:
+    def state(self) -> tuple[BufferState, bytes]:
         """JSON-safe counters and cursor, and the buffered Samples in unirl's pickle-free binary
         form; the slot in flight, if any, is left to be produced again."""
         with self._cv:
-            meta = {
+            meta: BufferState = {
                 "next_slot": self.next_slot - int(self._in_flight),
                 "produced": self.produced,
                 "trained": self.trained,
@@ -153,7 +173,7 @@ class SampleBuffer:
             }
             return meta, to_bytes([s for b in self._queue for s in b.samples])
 
-    def restore(self, meta: dict[str, Any], samples_bytes: bytes) -> None:
+    def restore(self, meta: BufferState, samples_bytes: bytes) -> None:
         """Inverse of ``state`` (before the producer starts)."""
         samples = list_from_bytes(Sample, samples_bytes) if samples_bytes else []
         expected = sum(int(b["n"]) for b in meta["batches"])

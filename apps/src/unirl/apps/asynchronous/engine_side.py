@@ -18,10 +18,26 @@ ends, the engine takes the newest version and the trained module is its referenc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from unirl.apps.asynchronous.mailbox import RolloutCopy, WeightMailbox
+from unirl.apps.asynchronous.source import HasRolloutCopy
+from unirl.distributed.weightsync import EngineWeightPlane
 from unirl.types import Sample
+
+
+class EngineTrainer(HasRolloutCopy, Protocol):
+    """What ``EngineRolloutSide`` reads of the ``ARTrainer``: its dedicated engine and the weight
+    plane into it, its backend and a rollout copy of its policy."""
+
+    @property
+    def engine(self) -> Any:
+        """The dedicated engine (a VLLMEngine): its ``pipeline`` and ``reference`` are swapped
+        during RL, which no engine protocol has."""
+        ...
+
+    @property
+    def weight_plane(self) -> EngineWeightPlane | None: ...
 
 
 class EngineRolloutSide:
@@ -30,12 +46,12 @@ class EngineRolloutSide:
     shared = True
     """The trainer's evaluations sample with the same engine: they borrow it between batches."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: EngineTrainer) -> None:
         """``trainer``: the ``ARTrainer`` (its engine, weight plane, backend and rollout copy)."""
         if trainer.weight_plane is None:
             raise TypeError("EngineRolloutSide needs a dedicated engine with a weight plane (rollout.engine)")
         self.trainer = trainer
-        self.engine: Any = trainer.engine
+        self.engine = trainer.engine
         self.plane = trainer.weight_plane
         self.mailbox = WeightMailbox()
         pipeline, module = trainer.rollout_copy()

@@ -12,17 +12,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Protocol
 
 import torch
 
-from unirl.apps.asynchronous.buffer import Batch, SampleBuffer
+from unirl.apps.asynchronous.buffer import Batch, BufferState, SampleBuffer
+from unirl.apps.asynchronous.config import AsyncConfig
 from unirl.apps.asynchronous.mailbox import RolloutCopy, WeightMailbox
 from unirl.apps.asynchronous.partial import MailboxSwap, oldest_version, version_metrics
+from unirl.apps.loop import PromptRecord
+from unirl.rollout.ar import ARPipeline
 from unirl.rollout.ar.partial import PartialRollouts
 from unirl.rollout.engines import TrainsideEngine
+from unirl.rollout.pipelines import Pipeline
+from unirl.train.backends import TrainBackend
 from unirl.types import Sample
 from unirl.types.faults import FAULT_ENV as FAULT_ENV  # re-exported: the tests' kill switch
 from unirl.types.faults import fault_point
@@ -34,7 +39,11 @@ class RolloutSide(Protocol):
     """Who samples in the async lifecycle, and how a new policy version reaches it.
 
     ``publish`` runs on the trainer's thread after each RL step and must not wait for a rollout in
-    progress; ``refresh`` and ``generate`` run on the rollout thread, between and during batches."""
+    progress; ``refresh`` and ``generate`` run on the rollout thread, between and during batches.
+    ``shared``: the trainer's own evaluations sample with it too (a dedicated engine, the Ray
+    layout's rollout workers), so they borrow it between batches (``AsyncSource.borrowed``)."""
+
+    shared: bool
 
     def publish(self, version: int) -> None:
         """Stage the trainer's current weights as policy ``version`` (the newest replaces older ones)."""
@@ -58,18 +67,85 @@ class RolloutSide(Protocol):
         ...
 
 
+class RLBatches(Protocol):
+    """What ``AsyncSource`` reads of the RL phase (every trainer's ``rl``)."""
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def buffer(self) -> AsyncConfig: ...
+
+
+class _Threads(Protocol):
+    @property
+    def threads(self) -> int | None: ...
+
+
+class RLRecipe(Protocol):
+    """A recipe's ``rl`` as the async lifecycle reads it."""
+
+    @property
+    def rl(self) -> RLBatches | None: ...
+
+
+Collect = Callable[..., tuple[list[Sample], dict[str, float]]]
+"""A trainer's ``collect(phase, records, step, rollout=...)`` (its phase type is the trainer's own)."""
+
+
+class AsyncTrainer(Protocol):
+    """What ``AsyncSource`` reads of the trainer (``Trainer``, the Ray driver)."""
+
+    stage: str
+
+    @property
+    def cfg(self) -> _Threads: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def rl_step(self) -> int: ...
+
+    @property
+    def collect(self) -> Collect: ...
+
+
+class HasRolloutCopy(Protocol):
+    """What ``LocalRolloutSide`` reads of the trainer: a rollout copy of its policy and its weights."""
+
+    @property
+    def cfg(self) -> RLRecipe: ...
+
+    @property
+    def backend(self) -> TrainBackend: ...
+
+    def rollout_copy(self) -> tuple[Pipeline, torch.nn.Module]: ...
+
+    def rollout_weights(self) -> AbstractContextManager[None]: ...
+
+
 class LocalRolloutSide:
     """One process: a rollout copy of the policy, fed through a verified, double-buffered mailbox."""
 
-    def __init__(self, trainer: Any) -> None:
+    shared = False  # a copy of its own: the trainer's evaluations sample with the trainer's engine
+
+    def __init__(self, trainer: HasRolloutCopy) -> None:
         self.trainer = trainer
         self.mailbox = WeightMailbox()
         pipeline, module = trainer.rollout_copy()
         self.copy = RolloutCopy(module)
         self.engine = TrainsideEngine(pipeline, weight_version=lambda: self.copy.weight_version)
-        buffer = trainer.cfg.rl.buffer
+        rl = trainer.cfg.rl
+        if rl is None:
+            raise ValueError("the async lifecycle needs an `rl` phase (rl.buffer)")
+        buffer = rl.buffer
         self.swap: MailboxSwap | None = None
         if buffer.partial_rollouts:  # the decode loop swaps to a newer policy between chunks
+            if not isinstance(pipeline, ARPipeline):
+                raise TypeError(
+                    f"rl.buffer.partial_rollouts needs an AR pipeline, not {type(pipeline).__name__}"
+                )
             self.swap = MailboxSwap(self.copy, self.mailbox)
             pipeline.enable_partial(PartialRollouts(self.swap, buffer.partial_chunk_tokens))
 
@@ -98,10 +174,10 @@ class AsyncSource:
 
     def __init__(
         self,
-        trainer: Any,
-        phase: Any,
-        records: list[Any],
-        state: tuple[dict, bytes] | None,
+        trainer: AsyncTrainer,
+        phase: RLBatches,
+        records: list[PromptRecord],
+        state: tuple[BufferState, bytes] | None,
         side: RolloutSide,
     ) -> None:
         self.trainer, self.phase, self.records, self.side = trainer, phase, records, side
@@ -140,7 +216,7 @@ class AsyncSource:
             log.exception("async rollout thread failed")
             self.buffer.fail(e)
 
-    def _produce_batches(self, stream: Any) -> None:
+    def _produce_batches(self, stream: torch.cuda.Stream | None) -> None:
         while True:
             t_wait = time.time()
             if (reserved := self.buffer.reserve()) is None:
@@ -186,14 +262,14 @@ class AsyncSource:
         """For the trainer to use the rollout side itself (an evaluation), where the side is shared
         (``side.shared``: the Ray layout's rollout workers): after the batch in progress, at the
         newest version. A side of its own (one process) is not borrowed."""
-        if not getattr(self.side, "shared", False):
+        if not self.side.shared:
             yield
             return
         with self.exclusive:
             self.side.refresh(self.buffer.version)
             yield
 
-    def checkpoint_state(self) -> tuple[dict[str, Any], bytes]:
+    def checkpoint_state(self) -> tuple[BufferState, bytes]:
         """The buffer now (the batch in flight re-queued): call between RL steps, so it matches
         the weights saved with it."""
         return self.buffer.state()

@@ -6,12 +6,16 @@ lifecycle's buffer. One implementation for the single-process trainers and the R
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from unirl.apps.run_state import capture, restore
+from unirl.apps.asynchronous.buffer import BufferState
+from unirl.apps.run_state import RunHistory, capture, restore
+from unirl.train.algorithms import DrawsOwnRNG
+from unirl.train.backends import TrainBackend
 from unirl.train.checkpoint import read_checkpoint_file
 
 log = logging.getLogger("unirl")
@@ -24,18 +28,42 @@ DiffusionNFT draw from their own torch generator, not the global one the checkpo
 ``sft-image`` / ``rl-image``... ``rank`` is empty in one process, ``-<rank>`` for a Ray train rank's."""
 
 
+class HasDrawingAlgorithms(Protocol):
+    def drawing_algorithms(self) -> dict[str, DrawsOwnRNG]: ...
+
+
+class _AsyncCheckpoint(Protocol):
+    def checkpoint_state(self) -> tuple[BufferState, bytes]: ...
+
+
+class CheckpointedRun(RunHistory, HasDrawingAlgorithms, Protocol):
+    """What ``run_extra`` / ``restore_run`` read and write of a trainer (``Trainer``, the Ray driver)."""
+
+    sft_step: int
+    sft_done: bool
+    async_state: tuple[BufferState, bytes] | None
+
+    @property
+    def async_source(self) -> _AsyncCheckpoint | None: ...
+
+
+def drawing(algorithms: Mapping[str, object]) -> dict[str, DrawsOwnRNG]:
+    """The ones of ``algorithms`` (None: a phase without one) that draw from their own generator."""
+    return {name: a for name, a in algorithms.items() if isinstance(a, DrawsOwnRNG)}
+
+
 def _file(name: str, rank: int | None) -> str:
     return ALGORITHM_RNG_FILE.format(name=name, rank="" if rank is None else f"-{rank}")
 
 
-def algorithm_rng_files(trainer: Any, rank: int | None = None) -> dict[str, bytes]:
+def algorithm_rng_files(trainer: HasDrawingAlgorithms, rank: int | None = None) -> dict[str, bytes]:
     """The generator state of each of ``trainer.drawing_algorithms()``, as checkpoint files
     (``rank``: of a Ray train rank, named with it)."""
     algs = trainer.drawing_algorithms().items()
     return {_file(name, rank): alg.get_rng_state().numpy().tobytes() for name, alg in algs}
 
 
-def restore_algorithm_rngs(trainer: Any, ckpt: str | Path, rank: int | None = None) -> None:
+def restore_algorithm_rngs(trainer: HasDrawingAlgorithms, ckpt: str | Path, rank: int | None = None) -> None:
     """Inverse of ``algorithm_rng_files``: each of ``trainer.drawing_algorithms()`` draws on where
     the checkpoint left it (one an older checkpoint lacks draws from its seed again)."""
     for name, alg in trainer.drawing_algorithms().items():
@@ -44,7 +72,7 @@ def restore_algorithm_rngs(trainer: Any, ckpt: str | Path, rank: int | None = No
             alg.set_rng_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
 
 
-def run_extra(trainer: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
+def run_extra(trainer: CheckpointedRun) -> tuple[dict[str, Any], dict[str, bytes]]:
     """(JSON extra, extra files) to save with the weights: where the run is, and the async buffer's
     batches not yet trained with its cursor."""
     extra: dict[str, Any] = {
@@ -60,7 +88,7 @@ def run_extra(trainer: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
     return extra, files
 
 
-def restore_run(trainer: Any, ckpt: Path, extra: dict[str, Any]) -> None:
+def restore_run(trainer: CheckpointedRun, ckpt: Path, extra: dict[str, Any]) -> None:
     """Put the trainer back where ``run_extra`` found it (the weights are loaded by the caller)."""
     trainer.sft_step, trainer.rl_step = int(extra.get("sft_step", 0)), int(extra.get("rl_step", 0))
     trainer.sft_done = bool(extra.get("sft_done", False))
@@ -78,7 +106,7 @@ class StacksCheckpoint:
 
     rank, world_size = 0, 1
 
-    def __init__(self, backends: dict[str, Any]) -> None:
+    def __init__(self, backends: dict[str, TrainBackend]) -> None:
         self.backends = backends
 
     @property

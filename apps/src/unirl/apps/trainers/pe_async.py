@@ -10,25 +10,54 @@ adapters are injected into a copy as into the trained module (same names, same f
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from unirl.apps.asynchronous.mailbox import RolloutCopy, WeightMailbox
+from unirl.apps.trainers.pe_config import Recipe
 from unirl.rollout.ar import ARPipeline
 from unirl.rollout.engines import RolloutEngine, TrainsideEngine
 from unirl.rollout.pipelines import FlowMatchPipeline
+from unirl.train.backends import TrainBackend
+from unirl.train.lora import LoRAConfig
 from unirl.types import Sample
 from unirl.types.lineage import expand_children
 
 AR, DIFFUSION = "ar", "diffusion"
 
 
+class PEStacks(Protocol):
+    """What ``PERolloutSide`` reads of the ``PETrainer``: recipe, device, backends, renderer pipeline."""
+
+    @property
+    def cfg(self) -> Recipe: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def pipeline(self) -> FlowMatchPipeline: ...
+
+    @property
+    def backend(self) -> TrainBackend: ...
+
+    @property
+    def ar_backend(self) -> TrainBackend: ...
+
+
 class _Fed:
     """One stack's rollout copy, its mailbox and its engine."""
 
-    def __init__(self, module: nn.Module, pipeline: Any, lora: Any, backend: Any, trains: bool) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        pipeline: ARPipeline | FlowMatchPipeline,
+        lora: LoRAConfig | None,
+        backend: TrainBackend,
+        trains: bool,
+    ) -> None:
         if lora is not None:
             from unirl.train.lora import inject_lora
 
@@ -53,7 +82,9 @@ class _Fed:
 class PERolloutSide:
     """Implements ``unirl.apps.asynchronous.source.RolloutSide`` for ``PETrainer``."""
 
-    def __init__(self, trainer: Any) -> None:
+    shared = False  # copies of its own: the trainer's evaluations never borrow them
+
+    def __init__(self, trainer: PEStacks) -> None:
         """``trainer``: the ``PETrainer`` (its recipe, device, backends and renderer pipeline)."""
         self.trainer = trainer
         a, d, device = trainer.cfg.ar, trainer.cfg.diffusion, trainer.device

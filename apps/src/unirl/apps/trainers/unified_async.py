@@ -11,15 +11,36 @@ otherwise one copy serves both tracks.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 import torch
 
 from unirl.apps.asynchronous.mailbox import RolloutCopy, WeightMailbox
+from unirl.apps.trainers.unified_config import Recipe
 from unirl.rollout.engines import TrainsideEngine
 from unirl.rollout.engines.composed import ComposedEngine
 from unirl.rollout.unified import UnifiedBundle, UnifiedImagePipeline, UnifiedTextPipeline
+from unirl.train.backends import TrainBackend
 from unirl.types import Sample
+
+
+class UnifiedModel(Protocol):
+    """What ``UnifiedRolloutSide`` reads of the ``UnifiedTrainer``."""
+
+    @property
+    def cfg(self) -> Recipe: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def nft(self) -> bool: ...
+
+    @property
+    def pipeline(self) -> UnifiedImagePipeline: ...
+
+    @property
+    def backend(self) -> TrainBackend: ...
 
 
 class _Fed:
@@ -36,7 +57,9 @@ class _Fed:
 class UnifiedRolloutSide:
     """Implements ``unirl.apps.asynchronous.source.RolloutSide`` for ``UnifiedTrainer``."""
 
-    def __init__(self, trainer: Any, build: Callable[[], UnifiedBundle]) -> None:
+    shared = False  # copies of its own: the trainer's evaluations never borrow them
+
+    def __init__(self, trainer: UnifiedModel, build: Callable[[], UnifiedBundle]) -> None:
         """``trainer``: the ``UnifiedTrainer``; ``build``: a fresh bundle like the trained one."""
         self.trainer = trainer
         self.live = _Fed(build, trainer.device)
