@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None, *, force_trainer: str | None = None) -> 
         parser.print_help()
         return 2
     # argparse puts a first override into `recipe` when no recipe is given: move it back.
-    if getattr(args, "recipe", None) and "=" in args.recipe:
+    if getattr(args, "recipe", None) and "=" in args.recipe:  # a subcommand without `recipe` has none
         args.overrides = [args.recipe, *args.overrides]
         args.recipe = None
     try:

@@ -20,6 +20,7 @@ as above plus ``out/lora/`` in peft's format (``adapter_config.json`` + ``adapte
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +30,9 @@ import yaml
 from unirl.apps.config import RecipeError, validate
 from unirl.apps.trainers.ar_config import Recipe as ARRecipe
 from unirl.apps.trainers.diffusion_config import Recipe as DiffusionRecipe
+from unirl.rollout.ar import CausalLMBundle
+from unirl.rollout.models.base import DiffusersPipelineBundle
+from unirl.train.lora import LoRAConfig
 
 __all__ = ["export_run"]
 
@@ -53,8 +57,8 @@ def export_run(
     from unirl.train.checkpoint import load_checkpoint
 
     root = Path(run_dir)
-    kind, recipe, ckpt = _exportable_run(root, fmt)
-    lora = getattr(recipe.backend, "lora", None)
+    _, recipe, ckpt = _exportable_run(root, fmt)
+    lora = recipe.backend.lora
     if merge_lora and lora is None:
         raise RecipeError(
             "--merge-lora: this run trained full weights (backend.lora is not set); drop the flag"
@@ -62,22 +66,22 @@ def export_run(
 
     torch.manual_seed(recipe.seed)  # the trainer's global seed before it builds the model
     cpu = torch.device("cpu")
-    if kind == "diffusion":
+    lm: CausalLMBundle | None = None  # an AR run's bundle (its tokenizer is exported too)
+    if isinstance(recipe, DiffusionRecipe):
         bundle = recipe.model.build(cpu, recipe.seed)
-        pipe = getattr(bundle, "pipe", None)
-        if pipe is None:
+        if not isinstance(bundle, DiffusersPipelineBundle):
             raise RecipeError(
                 f"model.kind={recipe.model.kind!r} is not a diffusers pipeline, so it has no diffusers "
                 "format; export supports the sd3 / flux / qwen_image / flux2_klein / z_image kinds"
             )
-        module = bundle.transformer
+        pipe, module = bundle.pipe, bundle.transformer
     else:
-        bundle = recipe.model.model_copy(update={"device": "cpu"}).build()
-        module = bundle.model
+        lm = recipe.model.model_copy(update={"device": "cpu"}).build()
+        pipe, module = None, lm.model
     cls, config = type(module), module.config  # before the backend wraps the module in place
     backend = recipe.backend.build(module, device=cpu)
     load_checkpoint(ckpt, backend)
-    with backend.ema_weights() if ema else _nullcontext():
+    with backend.ema_weights() if ema else nullcontext():
         state = backend.full_state_dict(merge_lora=lora is None or merge_lora)
         adapter = backend.lora_state_dict() if lora is not None and not merge_lora else None
     if adapter is not None:  # full_state_dict kept the LoRA keys: the base weights are the rest
@@ -87,20 +91,20 @@ def export_run(
     clean = _fresh(cls, config, state)
 
     dest = Path(out) if out is not None else root / f"export-{fmt}"
-    if kind == "diffusion":
+    if lm is None:  # diffusion: the whole pipeline folder
         pipe.register_modules(transformer=clean)
         pipe.save_pretrained(dest)
     else:
         clean.save_pretrained(dest)
-        bundle.tokenizer.save_pretrained(dest)
-    if adapter is not None:
+        lm.tokenizer.save_pretrained(dest)
+    if adapter is not None and lora is not None:
         _save_peft_adapter(adapter, lora, dest / "lora")
     meta = {
         "run_dir": str(root.resolve()),
         "checkpoint": str(ckpt),
         "global_step": backend.global_step,
         "format": fmt,
-        "model_kind": getattr(recipe.model, "kind", None),
+        "model_kind": recipe.model.kind,
         "class": cls.__name__,
         "lora": None if lora is None else ("merged" if merge_lora else "lora/ (peft)"),
         "ema": ema,
@@ -132,15 +136,10 @@ def _exportable_run(root: Path, fmt: str) -> tuple[str, ARRecipe | DiffusionReci
     return kind, recipe, ckpt
 
 
-def _nullcontext() -> Any:
-    import contextlib
-
-    return contextlib.nullcontext()
-
-
-def _fresh(cls: type, config: Any, state: dict[str, torch.Tensor]) -> Any:
-    """A clean instance of the family's class (no FSDP / peft wrapping) holding ``state``."""
-    if hasattr(cls, "from_config"):  # diffusers models
+def _fresh(cls: type, config: object, state: dict[str, torch.Tensor]) -> Any:
+    """A clean instance of the family's class (no FSDP / peft wrapping) holding ``state``: a
+    diffusers ModelMixin or a transformers PreTrainedModel (untyped: neither library is typed here)."""
+    if hasattr(cls, "from_config"):  # diffusers models (a classmethod transformers models lack)
         model = cls.from_config(config)
     else:  # transformers models
         model = cls(config)
@@ -148,7 +147,7 @@ def _fresh(cls: type, config: Any, state: dict[str, torch.Tensor]) -> Any:
     if next(model.parameters()).dtype != dtype:
         model.to(dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])  # transformers' tied weights, if any
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
         raise RuntimeError(
@@ -158,7 +157,7 @@ def _fresh(cls: type, config: Any, state: dict[str, torch.Tensor]) -> Any:
     return model
 
 
-def _save_peft_adapter(adapter: dict[str, torch.Tensor], lora: Any, dest: Path) -> None:
+def _save_peft_adapter(adapter: dict[str, torch.Tensor], lora: LoRAConfig, dest: Path) -> None:
     """``adapter`` (``prefix.lora_A.weight`` keys) as a peft adapter folder."""
     from peft import LoraConfig
     from safetensors.torch import save_file

@@ -7,14 +7,15 @@ that builds on it (``distributed/controller.py`` subclasses ``Trainer``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from unirl.apps.loop import StopFlag
 from unirl.apps.plots import plot_eval_curve, plot_metrics
 from unirl.apps.report import write_report
 from unirl.apps.run_dir import RunDir, read_metrics
 from unirl.apps.trainers.base import Trainer
+from unirl.apps.trainers.phases import RunSettings
 
 __all__ = ["component_failures", "run_trainer"]
 
@@ -31,7 +32,13 @@ def component_failures() -> tuple[type[Exception], ...]:
     return (WorkerDiedError, RemoteTimeoutError, RemoteCallError, WeightSyncError, RewardClientError)
 
 
-def run_with_restarts(factory: Any, recipe: Any, rd: RunDir, mode: str, stop: StopFlag) -> Trainer:
+TrainerFactory = Callable[[RunSettings, RunDir], Trainer]
+"""What builds the trainer of a run: the domain trainer's class, or the Ray driver over it."""
+
+
+def run_with_restarts(
+    factory: TrainerFactory, recipe: RunSettings, rd: RunDir, mode: str, stop: StopFlag
+) -> Trainer:
     """Build the trainer and run it; on a component failure, up to ``recipe.max_restarts`` times,
     build it again and go on from the last checkpoint (``Trainer.resume``, as a rerun with the same
     ``--run-dir`` would: the steps after the checkpoint run again, their metrics rows replaced)."""
@@ -53,18 +60,27 @@ def run_with_restarts(factory: Any, recipe: Any, rd: RunDir, mode: str, stop: St
 
 
 def run_trainer(
-    cls: type[Trainer], recipe: Any, run_dir: Path, *, mode: str, recipe_name: str, title: str
+    cls: type[Trainer], recipe: RunSettings, run_dir: Path, *, mode: str, recipe_name: str, title: str
 ) -> int:
-    factory: Any = cls
+    factory: TrainerFactory = cls
     if recipe.layout.kind == "ray":  # the same recipe on Ray workers: config decides, code does not change
-        from functools import partial
-
         from unirl.apps.distributed.controller import DistributedRL
         from unirl.apps.distributed.layout import check_layout, ensure_ray
+        from unirl.apps.distributed.workers import LayoutRecipe
 
-        check_layout(recipe, recipe.layout)  # before Ray starts: a bad batch split fails in a second
-        ensure_ray(recipe.layout)
-        factory = partial(DistributedRL, domain=cls, layout=recipe.layout)
+        laid_out = recipe
+        if not isinstance(laid_out, LayoutRecipe):  # the other recipes reject layout.kind=ray themselves
+            raise TypeError(
+                f"layout.kind='ray' runs the 'ar' and 'diffusion' recipes, not {type(recipe).__name__}"
+            )
+        check_layout(laid_out, laid_out.layout)  # before Ray starts: a bad batch split fails in a second
+        ensure_ray(laid_out.layout)
+
+        def on_ray(_: RunSettings, rd: RunDir) -> Trainer:  # the recipe is ``laid_out``
+            return DistributedRL(laid_out, rd, cls, laid_out.layout)
+
+        factory = on_ray
+
     rd = RunDir(run_dir, recipe.model_dump(mode="json"))
     log.info("run directory: %s", rd.root)
     stop = StopFlag()

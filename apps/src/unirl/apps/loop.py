@@ -7,8 +7,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from types import FrameType
+from typing import Literal
 
+import numpy as np
 import torch
 
 from unirl.types import ImagePrimitive, Sample, SampleMetadata, TextPrimitive
@@ -23,7 +25,7 @@ class PromptRecord:
     prompt: str
     answer: str | None = None
     spec: dict[str, Scalar | list[Scalar]] = field(default_factory=dict)
-    images: tuple[Any, ...] = ()
+    images: tuple[np.ndarray, ...] = ()
     """uint8 ``[H, W, C]`` arrays the prompt refers to (a visual question); inputs after the text."""
 
 
@@ -85,7 +87,7 @@ class StopFlag:
     def __init__(self) -> None:
         self.stop = False
 
-    def _handler(self, signum: int, frame: Any) -> None:
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
         if self.stop:
             raise KeyboardInterrupt
         self.stop = True

@@ -12,20 +12,23 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from unirl.apps.data import SFTPairs, SFTRecords
 from unirl.apps.evalstats import distinct_fraction
 from unirl.apps.launch import run_trainer
 from unirl.apps.loop import PromptRecord, StopFlag, make_samples
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.ar_config import Recipe, engine_model_dir
+from unirl.apps.trainers.ar_config import Recipe, TrainsideEngineConfig, engine_model_dir
 from unirl.apps.trainers.base import Trainer
 from unirl.apps.trainers.components import NoSteps
+from unirl.apps.trainers.phases import RunSettings
 from unirl.distributed.weightsync import Endpoint, EngineSync, EngineWeightPlane
 from unirl.distributed.weightsync.engine import WeightEngine
 from unirl.reward.service import RewardService
-from unirl.rollout.engines import ClosableEngine, EngineMetrics, TrainsideEngine
+from unirl.rollout.ar import ARPipeline
+from unirl.rollout.ar.vlm_pipeline import VLMPipeline
+from unirl.rollout.engines import ClosableEngine, EngineMetrics, RolloutEngine, TrainsideEngine
 from unirl.rollout.pipelines import PreparesPrompts
 from unirl.train.algorithms import ContextReference, ShapesRewards, UsesReference
 from unirl.train.backends import SeparateRolloutCopy
@@ -34,15 +37,24 @@ from unirl.train.backends.fsdp import FSDPBackend
 if TYPE_CHECKING:
     from unirl.apps.asynchronous.source import RolloutSide
     from unirl.train.backends.megatron.backend import MegatronBackend
-from unirl.types import Part, Sample, TextPrimitive, TextSegment
+from unirl.types import ARSamplingParams, Part, Sample, TextPrimitive, TextSegment
 
 __all__ = ["ARTrainer", "Recipe", "engine_model_dir", "run"]
 
 
+class VersionedEngine(RolloutEngine, Protocol):
+    """A rollout engine that reports the weight version it samples with (trainside, vLLM)."""
+
+    @property
+    def weight_version(self) -> int: ...
+
+
 class ARTrainer(Trainer):
     stage = "ar"
+    cfg: Recipe
+    pipeline: ARPipeline | VLMPipeline
     backend: FSDPBackend | MegatronBackend
-    engine: Any  # TrainsideEngine or a dedicated engine (vllm): both report `weight_version`
+    engine: VersionedEngine  # TrainsideEngine or a dedicated engine (vllm)
 
     def __init__(self, recipe: Recipe, run_dir: RunDir) -> None:
         super().__init__(recipe, run_dir)
@@ -73,7 +85,7 @@ class ARTrainer(Trainer):
             return None
         return engine_model_dir(recipe, self.bundle, self.run.root / "engine_init")
 
-    def _build_engine(self, recipe: Recipe, model_dir: Path | None) -> Any:
+    def _build_engine(self, recipe: Recipe, model_dir: Path | None) -> VersionedEngine:
         cfg = recipe.rollout.engine
         if cfg.kind == "trainside":
             return TrainsideEngine(
@@ -81,6 +93,8 @@ class ARTrainer(Trainer):
                 weight_version=lambda: self.backend.global_step,
                 sampling_context=self.backend.gathered if self._gathered_sampling(cfg) else None,
             )
+        if not isinstance(self.pipeline, ARPipeline):  # the recipe rejects a VLM with a dedicated engine
+            raise TypeError(f"rollout.engine.kind={cfg.kind!r} needs a text-only AR pipeline")
         return cfg.build(
             self.pipeline,
             model_dir,
@@ -88,7 +102,7 @@ class ARTrainer(Trainer):
             weight_version=self.backend.global_step,
         )
 
-    def _gathered_sampling(self, cfg: Any) -> bool:
+    def _gathered_sampling(self, cfg: TrainsideEngineConfig) -> bool:
         """Sample inside ``backend.gathered()``: static decoders (FSDP: weights gathered once a
         rollout) and a backend with a separate rollout copy (megatron: synced when behind)."""
         return cfg.decoder != "dynamic" or isinstance(self.backend, SeparateRolloutCopy)
@@ -173,10 +187,10 @@ class ARTrainer(Trainer):
         return parts
 
     @classmethod
-    def make_steps(cls, recipe: Recipe, algorithm: object) -> ARSteps:
+    def make_steps(cls, recipe: RunSettings, algorithm: object) -> ARSteps:
         return ARSteps(cls.stage, algorithm)
 
-    def eval_params(self) -> Any:
+    def eval_params(self) -> ARSamplingParams:
         return self.cfg.eval_sampling or self.cfg.sampling.model_copy(update={"top_k": 1})
 
 

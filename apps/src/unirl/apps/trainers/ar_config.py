@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
@@ -15,8 +15,10 @@ from unirl.apps.worlds.arithmetic_source import ArithmeticDataConfig
 from unirl.apps.worlds.shapes_vqa import ShapesVQAConfig
 from unirl.apps.worlds.word_problems_source import WordProblemsDataConfig
 from unirl.reward.config import ServiceConfig
+from unirl.rollout.ar import ARPipeline, CausalLMBundle
 from unirl.rollout.ar.config import CausalLMConfig
 from unirl.rollout.ar.vlm_config import VLMConfig
+from unirl.rollout.ar.vlm_pipeline import VLMPipeline
 from unirl.rollout.engines.vllm_config import VLLMEngineConfig
 from unirl.train.algorithms import TokenSFTConfig
 from unirl.train.backends.config import BackendConfig
@@ -89,9 +91,12 @@ class Recipe(RunSettings):
         default_factory=ARRolloutConfig, description="rollout engine (trainside: the training module itself)"
     )
 
+    def backend_config(self) -> BackendConfig:
+        return self.backend
+
     def build_policy(
         self, device: torch.device, *, stage: str = "ar", rollout_copy: bool = False
-    ) -> Policy[Any, Any]:
+    ) -> Policy[CausalLMBundle, ARPipeline | VLMPipeline]:
         """The bundle (``model`` on ``device``) and its pipeline, as every process of the run builds
         them. The trainer's decodes with ``rollout.engine.decoder`` (trainside); a ``rollout_copy``
         (Ray rollout worker, async rollout thread) and a dedicated engine's reference decode dynamic."""
@@ -139,7 +144,7 @@ class Recipe(RunSettings):
             )
 
 
-def engine_model_dir(recipe: Recipe, bundle: Any, scratch: Path) -> Path:
+def engine_model_dir(recipe: Recipe, bundle: CausalLMBundle, scratch: Path) -> Path:
     """Where a dedicated engine loads its initial weights: the model's own local directory, else
     (built in code, GGUF, 'pkg:') ``bundle``'s weights saved to ``scratch``."""
     path = recipe.model.path

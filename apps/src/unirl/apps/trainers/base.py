@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,21 +30,25 @@ from unirl.apps.loop import (
 )
 from unirl.apps.progress import PhaseProgress
 from unirl.apps.run_dir import RunDir
-from unirl.apps.trainers.checkpoints import restore_run, run_extra
+from unirl.apps.trainers.ar_config import ARSFTPhase
+from unirl.apps.trainers.checkpoints import drawing, restore_run, run_extra
 from unirl.apps.trainers.components import DomainSteps, NoSteps, SampleScorer
+from unirl.apps.trainers.diffusion_config import DiffusionSFTPhase
 from unirl.apps.trainers.evaluation import Evaluation
-from unirl.apps.trainers.phases import RLPhase, SFTStopConfig, apply_phase_lr
+from unirl.apps.trainers.phases import RLPlan, RunSettings, SFTStopConfig, apply_phase_lr, rl_phase, sft_phase
 from unirl.rollout.engines import RolloutEngine
-from unirl.train.algorithms import StageAlgorithm
-from unirl.train.backends import TrainBackend
-from unirl.train.checkpoint import load_checkpoint, save_checkpoint
+from unirl.rollout.pipelines import Pipeline
+from unirl.train.algorithms import DrawsOwnRNG, StageAlgorithm
+from unirl.train.checkpoint import Checkpointable, CheckpointFormat, load_checkpoint, save_checkpoint
 from unirl.train.geometry import BatchGeometry
 from unirl.train.stack import TrainStack
 from unirl.types import Part, Sample, compute_sample_advantages
 from unirl.types.faults import fault_point
 
 if TYPE_CHECKING:
+    from unirl.apps.asynchronous.buffer import BufferState
     from unirl.apps.asynchronous.source import AsyncSource, RolloutSide
+    from unirl.apps.trainers.phases import ScheduledBackend
 
 log = logging.getLogger("unirl")
 SFT_PROBE_SEED = 104_729
@@ -55,9 +59,10 @@ class Trainer(Evaluation):
     """Shared controller; subclasses set the attributes listed in ``__init__``. Held-out
     evaluation (``evaluate`` and its hooks) is in ``evaluation.Evaluation``."""
 
+    cfg: RunSettings  # each domain trainer narrows it to its own Recipe
     stage: str
-    backend: TrainBackend
-    pipeline: Any  # the domain's pipeline (FlowMatchPipeline, ARPipeline, ...): sampling + replay
+    backend: ScheduledBackend
+    pipeline: Pipeline  # the domain's pipeline (FlowMatchPipeline, ARPipeline, ...): sampling + replay
     engine: RolloutEngine
     reward: SampleScorer
     data: PromptSource
@@ -65,7 +70,7 @@ class Trainer(Evaluation):
     steps: DomainSteps = NoSteps()
     """The domain's model-free steps (``make_steps``)."""
 
-    def __init__(self, recipe: Any, run_dir: RunDir) -> None:
+    def __init__(self, recipe: RunSettings, run_dir: RunDir) -> None:
         self.cfg, self.run = recipe, run_dir
         if recipe.threads:
             torch.set_num_threads(recipe.threads)
@@ -86,18 +91,16 @@ class Trainer(Evaluation):
         self.grids: list[str] = []
         self.rl_started: float | None = None  # while RL runs: when it (re)started
         self.checkpoint_rows: int | None = 0  # metrics rows the checkpoint resumed from had logged
-        self.async_source: AsyncSource | None = (
-            None  # the async lifecycle's rollout thread + buffer, during RL
-        )
-        self.async_state: tuple[dict[str, Any], bytes] | None = None  # its buffer, from a checkpoint
-        self._sft_algorithm: Any = None
+        self.async_source: AsyncSource | None = None  # the async lifecycle's rollout thread + buffer
+        self.async_state: tuple[BufferState, bytes] | None = None  # its buffer, from a checkpoint
+        self._sft_algorithm: StageAlgorithm | None = None
 
     # ---- domain hooks -------------------------------------------------------------------------
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:
         raise NotImplementedError
 
     @classmethod
-    def make_steps(cls, recipe: Any, algorithm: object) -> DomainSteps:
+    def make_steps(cls, recipe: RunSettings, algorithm: object) -> DomainSteps:
         """The domain's model-free steps (``self.steps``; the Ray controller builds its own)."""
         return NoSteps()
 
@@ -108,7 +111,7 @@ class Trainer(Evaluation):
 
         return LocalRolloutSide(self)
 
-    def rollout_copy(self) -> tuple[Any, torch.nn.Module]:
+    def rollout_copy(self) -> tuple[Pipeline, torch.nn.Module]:
         """(pipeline, trainable module) of a second, rollout-only copy of the policy: the async
         lifecycle's rollout thread samples with it while the trainer trains the original."""
         from unirl.apps.distributed.workers import rollout_module
@@ -125,7 +128,7 @@ class Trainer(Evaluation):
     def ema_rollout(self) -> bool:  # DiffusionNFT samples with its EMA (old) policy
         return False
 
-    def rollout_weights(self) -> AbstractContextManager[Any]:
+    def rollout_weights(self) -> AbstractContextManager[None]:
         """Within it the backend's module holds the weights rollout samples with (EMA or policy): the
         one place that decides it, for trainside sampling, every sync and the async publication.
 
@@ -149,43 +152,43 @@ class Trainer(Evaluation):
         policy it starts from (the SFT result) as its KL reference; with ``backend.ema`` its EMA
         restarts there, decay ramp included (DiffusionNFT's old policy starts on-policy). A resumed
         RL phase keeps all three from its checkpoint."""
-        phase = getattr(self.cfg, name)
+        if name not in ("sft", "rl"):
+            raise ValueError(f"phase={name!r} is not one of 'sft', 'rl'")
         self.stack_phase = name
-        if starting and name == "rl":
-            if phase.reset_optimizer:
-                self.backend.reset_optimizer()
-            if self.cfg.backend.reference == "frozen_copy":
-                self.backend.snapshot_reference()
-            if self.cfg.backend.ema is not None:
-                self.backend.restart_ema()  # RL's EMA (NFT's old policy) starts at the SFT result
-        apply_phase_lr(self.backend, phase, self.rl_step if name == "rl" else self.sft_step)
         if name == "sft":
-            per_rank = phase.batch_size // dp_size
-            geometry = BatchGeometry(
-                micro_batch_size=min(phase.micro_batch_size or phase.batch_size, per_rank)
-            )
-            return TrainStack(self.backend, self.sft_algorithm(), self.pipeline, geometry)
-        if name == "rl":
-            if self.algorithm is None:
-                raise ValueError(
-                    f"{type(self).__name__}: phase 'rl' has no algorithm (the recipe has no `rl`)"
-                )
-            return TrainStack(self.backend, self.algorithm, self.pipeline, phase.geometry)
-        raise ValueError(f"phase={name!r} is not one of 'sft', 'rl'")
+            sft = sft_phase(self.cfg)
+            apply_phase_lr(self.backend, sft, self.sft_step)
+            per_rank = sft.batch_size // dp_size
+            geometry = BatchGeometry(micro_batch_size=min(sft.micro_batch_size or sft.batch_size, per_rank))
+            algorithm = self.sft_algorithm()
+            if algorithm is None:
+                raise ValueError(f"{type(self).__name__}: phase 'sft' has no algorithm")
+            return TrainStack(self.backend, algorithm, self.pipeline, geometry)
+        rl, backend = rl_phase(self.cfg.rl), self.cfg.backend_config()
+        if starting and rl.reset_optimizer:
+            self.backend.reset_optimizer()
+        if starting and backend is not None and backend.reference == "frozen_copy":
+            self.backend.snapshot_reference()
+        if starting and backend is not None and backend.ema is not None:
+            self.backend.restart_ema()  # RL's EMA (NFT's old policy) starts at the SFT result
+        apply_phase_lr(self.backend, rl, self.rl_step)
+        if self.algorithm is None:
+            raise ValueError(f"{type(self).__name__}: phase 'rl' has no algorithm (the recipe has no `rl`)")
+        return TrainStack(self.backend, self.algorithm, self.pipeline, rl.geometry)
 
-    def sft_algorithm(self) -> Any:
+    def sft_algorithm(self) -> StageAlgorithm | None:
         """The SFT phase's StageAlgorithm, built once per process: a checkpoint saves (and a resume
         restores) its generator, e.g. FlowSFT's t / noise draws (``checkpoints.run_extra``)."""
-        if self._sft_algorithm is None and self.cfg.sft is not None:
-            self._sft_algorithm = self.cfg.sft.algorithm.build()
+        sft = self.cfg.sft
+        if self._sft_algorithm is None and isinstance(sft, ARSFTPhase | DiffusionSFTPhase):
+            self._sft_algorithm = sft.algorithm.build()
         return self._sft_algorithm
 
-    def drawing_algorithms(self) -> dict[str, Any]:
+    def drawing_algorithms(self) -> dict[str, DrawsOwnRNG]:
         """name -> each algorithm of this process that draws from its own generator
-        (``get_rng_state``), each built once: a checkpoint saves their states and a resume restores
+        (``DrawsOwnRNG``), each built once: a checkpoint saves their states and a resume restores
         them (``checkpoints.algorithm_rng_files``). Here the SFT and RL phases' (``sft``, ``rl``)."""
-        algs = {"sft": self.sft_algorithm(), "rl": self.algorithm}
-        return {name: a for name, a in algs.items() if hasattr(a, "get_rng_state")}
+        return drawing({"sft": self.sft_algorithm(), "rl": self.algorithm})
 
     def begin_phase(self, name: str, *, starting: bool = False) -> Callable[[list[Part]], dict[str, float]]:
         """The train step (parts -> metrics) of phase ``name``; a multi-worker layout overrides it."""
@@ -199,9 +202,9 @@ class Trainer(Evaluation):
         """After a phase ends."""
 
     def sft(self, stop: StopFlag) -> None:
-        phase = self.cfg.sft
-        if phase is None or phase.steps == 0:
+        if self.cfg.sft is None or self.cfg.sft.steps == 0:
             return
+        phase = sft_phase(self.cfg)
         train = self.begin_phase("sft")
         t0 = time.time()
         with PhaseProgress("sft", phase.steps - self.sft_step) as bar:
@@ -298,7 +301,7 @@ class Trainer(Evaluation):
 
     def collect(
         self,
-        phase: RLPhase,
+        plan: RLPlan,
         train: list[PromptRecord],
         step: int,
         rollout: Callable[[list[Sample], int], list[Sample]] | None = None,
@@ -310,6 +313,7 @@ class Trainer(Evaluation):
         With dynamic sampling, groups whose rewards are all equal carry no signal: they are
         dropped and refilled by extra rollout rounds (at most ``max_extra_rollouts``); if still
         short, dropped groups fill the batch so its size, and so the batch geometry, stays fixed."""
+        phase = rl_phase(plan)
         n, ds = phase.prompts_per_step, phase.dynamic_sampling
         kept: list[list[Sample]] = []
         dropped: list[list[Sample]] = []
@@ -344,7 +348,7 @@ class Trainer(Evaluation):
         return samples, extra
 
     # ---- checkpoints --------------------------------------------------------------------------
-    def checkpoint_target(self) -> tuple[Any, str]:
+    def checkpoint_target(self) -> tuple[Checkpointable, CheckpointFormat]:
         """(what holds the weights and optimizer state, checkpoint format) of this trainer."""
         return self.backend, self.cfg.checkpoint_format
 

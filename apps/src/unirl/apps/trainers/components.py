@@ -12,16 +12,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
+from unirl.rollout.pipelines import Pipeline
 from unirl.types import Part, Reward, Sample
 
 __all__ = ["DomainSteps", "NoSteps", "Policy", "PolicyRecipe", "SampleScorer"]
 
-B = TypeVar("B")
-P = TypeVar("P")
+B = TypeVar("B", covariant=True)
+P = TypeVar("P", bound=Pipeline, covariant=True)
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class PolicyRecipe(Protocol):
 
     def build_policy(
         self, device: torch.device, *, stage: str, rollout_copy: bool = False
-    ) -> Policy[Any, Any]:
+    ) -> Policy[object, Pipeline]:
         """Bundle + pipeline as the trainer builds them; ``rollout_copy``: for a sampler that never
         trains (a Ray rollout worker, the async rollout thread)."""
         ...

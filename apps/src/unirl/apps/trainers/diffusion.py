@@ -9,7 +9,6 @@ configured StageAlgorithm. Evaluation samples held-out prompts with the ODE (eta
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -24,15 +23,20 @@ from unirl.apps.trainers.base import Trainer
 from unirl.apps.trainers.components import NoSteps
 from unirl.apps.trainers.diffusion_config import Recipe
 from unirl.apps.trainers.diffusion_rollout import RemoteDiffusionRollout, build_engine
+from unirl.apps.trainers.phases import RunSettings
 from unirl.reward.service import RewardService
+from unirl.rollout.models.base import EncodesImages
+from unirl.rollout.pipelines import FlowMatchPipeline
 from unirl.train.algorithms import ContextReference, UsesOldPolicy, UsesReference
-from unirl.types import LatentTrajectory, Part, Sample, VideoPrimitive, to_numpy
+from unirl.types import DiffusionSamplingParams, LatentTrajectory, Part, Sample, VideoPrimitive, to_numpy
 
 __all__ = ["DiffusionTrainer", "Recipe", "run"]
 
 
 class DiffusionTrainer(Trainer):
     stage = "diffusion"
+    cfg: Recipe
+    pipeline: FlowMatchPipeline
 
     def __init__(self, recipe: Recipe, run_dir: RunDir) -> None:
         super().__init__(recipe, run_dir)
@@ -53,7 +57,7 @@ class DiffusionTrainer(Trainer):
             self.algorithm.set_old_policy(self.backend.ema_weights)
 
     @classmethod
-    def make_steps(cls, recipe: Recipe, algorithm: object) -> DiffusionSteps:
+    def make_steps(cls, recipe: RunSettings, algorithm: object) -> DiffusionSteps:
         return DiffusionSteps(cls.stage)
 
     @property
@@ -75,6 +79,8 @@ class DiffusionTrainer(Trainer):
         if not isinstance(self.data, SFTImages):
             raise ValueError(f"sft needs (image, caption) data; data.kind={self.cfg.data.kind!r} has none")
         images, captions = self.data.sft_examples(batch_size, seed=self.cfg.seed, step=step)
+        if not isinstance(self.bundle, EncodesImages):
+            raise TypeError(f"sft: {type(self.bundle).__name__} cannot encode images to latents")
         with torch.no_grad():
             x0 = self.bundle.encode_images(torch.from_numpy(images).to(self.device)).float().cpu()
         conds = self.bundle.encode_prompts(captions)
@@ -91,7 +97,7 @@ class DiffusionTrainer(Trainer):
             for x, c in zip(x0, conds)
         ]
 
-    def eval_params(self) -> Any:
+    def eval_params(self) -> DiffusionSamplingParams:
         """ODE sampling, each held-out sample from its own initial noise (also when RL's rollout
         shares it within a group, ``sampling.noise.scope=group``: k identical ODE samples would
         make accuracy and pass@k a one-sample measure)."""

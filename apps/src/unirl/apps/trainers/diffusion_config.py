@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -23,6 +23,7 @@ from unirl.apps.worlds.shapes_source import ShapesDataConfig
 from unirl.reward.config import ServiceConfig
 from unirl.rollout.engines.sglang_diffusion import SDE_TYPES as SGLANG_SDE
 from unirl.rollout.engines.vllm_omni import SDE_TYPES as OMNI_SDE
+from unirl.rollout.models.base import FlowBundle
 from unirl.rollout.pipelines import FlowMatchPipeline
 from unirl.train.algorithms import DiffusionNFTConfig, FlowSFTConfig
 from unirl.train.backends.config import BackendConfig
@@ -53,6 +54,9 @@ class Recipe(RunSettings):
         description="rollout engine (trainside: the training module itself; sglang / vllm_omni: a server)",
     )
 
+    def backend_config(self) -> BackendConfig:
+        return self.backend
+
     def rollout_params(self) -> DiffusionSamplingParams:
         """``sampling`` with what the RL algorithm requires (e.g. DanceGRPO's SDE strategy)."""
         overrides = self.rl.algorithm.sampling_overrides() if self.rl else {}
@@ -60,7 +64,7 @@ class Recipe(RunSettings):
 
     def build_policy(
         self, device: torch.device, *, stage: str = "diffusion", rollout_copy: bool = False
-    ) -> Policy[Any, FlowMatchPipeline]:
+    ) -> Policy[FlowBundle, FlowMatchPipeline]:
         """The bundle (``model``, seeded by ``seed``) and its FlowMatchPipeline, as every process of
         the run builds them (a rollout copy samples the same; ``rollout_copy`` changes nothing here)."""
         bundle = self.model.build(device, self.seed)

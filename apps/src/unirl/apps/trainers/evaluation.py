@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,8 +21,9 @@ from unirl.apps.evalstats import is_baseline, solved_by_prompt, summarize_scores
 from unirl.apps.loop import PromptRecord, by_group, make_samples
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.components import DomainSteps, SampleScorer
+from unirl.apps.trainers.phases import RunSettings
 from unirl.rollout.engines import RolloutEngine
-from unirl.types import Reward, Sample
+from unirl.types import Reward, Sample, SamplingParams
 
 log = logging.getLogger("unirl")
 
@@ -30,7 +31,7 @@ log = logging.getLogger("unirl")
 class Evaluation:
     """The evaluation part of a trainer; reads the trainer attributes annotated here."""
 
-    cfg: Any
+    cfg: RunSettings
     run: RunDir
     stage: str
     engine: RolloutEngine
@@ -46,7 +47,7 @@ class Evaluation:
 
         def _timed(self, name: str, t0: float) -> None: ...
 
-    def eval_params(self) -> Any:
+    def eval_params(self) -> SamplingParams:
         """Sampling params for held-out evaluation."""
         raise NotImplementedError
 
@@ -58,7 +59,7 @@ class Evaluation:
         return self.steps.sample_diversity(samples)
 
     def sample_prompts(
-        self, records: Sequence[PromptRecord], samples_per_prompt: int, params: Any
+        self, records: Sequence[PromptRecord], samples_per_prompt: int, params: SamplingParams
     ) -> list[Sample]:
         """``samples_per_prompt`` samples of each record with the given sampling params (eval ids:
         the same records always start from the same initial noise)."""

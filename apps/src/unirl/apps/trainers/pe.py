@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -33,19 +32,20 @@ from unirl.apps.plots import sample_grid
 from unirl.apps.progress import PhaseProgress
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.base import Trainer
-from unirl.apps.trainers.checkpoints import StacksCheckpoint
+from unirl.apps.trainers.checkpoints import StacksCheckpoint, drawing
 from unirl.apps.trainers.pe_async import PERolloutSide, rewrite_and_render, split_batch
-from unirl.apps.trainers.pe_config import Recipe
-from unirl.apps.trainers.phases import apply_phase_lr
+from unirl.apps.trainers.pe_config import ARStackRL, DiffusionStackRL, PERLPhase, Recipe
+from unirl.apps.trainers.phases import RLPlan, ScheduledBackend, apply_phase_lr
 from unirl.apps.trainers.prompt_reward import OriginalPromptReward
 from unirl.apps.worlds.shapes_paraphrase import ShapesParaphraseSource
 from unirl.reward.service import RewardService
 from unirl.rollout.ar import ARPipeline
 from unirl.rollout.engines import TrainsideEngine
 from unirl.rollout.engines.composed import ComposedEngine
+from unirl.rollout.models.base import EncodesImages
 from unirl.rollout.pipelines import FlowMatchPipeline
-from unirl.train.algorithms import ContextReference, StageAlgorithm, UsesReference
-from unirl.train.backends import TrainBackend
+from unirl.train.algorithms import ContextReference, DrawsOwnRNG, StageAlgorithm, UsesReference
+from unirl.train.checkpoint import CheckpointFormat
 from unirl.train.geometry import BatchGeometry
 from unirl.train.stack import TrainStack
 from unirl.types import (
@@ -54,6 +54,7 @@ from unirl.types import (
     Part,
     Reward,
     Sample,
+    SamplingParams,
     TextPrimitive,
     TextSegment,
     compute_sample_advantages,
@@ -72,14 +73,16 @@ class Side:
     """One sibling stack: its backend, pipeline (replay), RL settings (None = frozen) and algorithm."""
 
     name: str
-    backend: TrainBackend
+    backend: ScheduledBackend
     pipeline: ARPipeline | FlowMatchPipeline
-    rl: Any  # ARStackRL | DiffusionStackRL | None
-    algorithm: Any  # StageAlgorithm | None: None exactly when rl is
+    rl: ARStackRL | DiffusionStackRL | None
+    algorithm: StageAlgorithm | None  # None exactly when rl is
 
 
 class PETrainer(Trainer):
     stage = DIFFUSION  # what a PE run is judged on: the render, scored against the original prompt
+    cfg: Recipe
+    pipeline: FlowMatchPipeline
     data: ShapesParaphraseSource
 
     def __init__(self, recipe: Recipe, run_dir: RunDir) -> None:
@@ -131,10 +134,14 @@ class PETrainer(Trainer):
         self._sft_algorithms: dict[str, StageAlgorithm] = {}  # side -> its SFT algorithm (sft_side_algorithm)
 
     def _side(
-        self, name: str, backend: TrainBackend, pipeline: ARPipeline | FlowMatchPipeline, rl: Any
+        self,
+        name: str,
+        backend: ScheduledBackend,
+        pipeline: ARPipeline | FlowMatchPipeline,
+        rl: ARStackRL | DiffusionStackRL | None,
     ) -> Side:
         alg = rl.algorithm.build() if rl is not None else None
-        if isinstance(alg, UsesReference) and rl.algorithm.needs_reference:
+        if isinstance(alg, UsesReference) and rl is not None and rl.algorithm.needs_reference:
             alg.set_reference(ContextReference(pipeline, backend.reference_weights))
         return Side(name, backend, pipeline, rl, alg)
 
@@ -179,14 +186,14 @@ class PETrainer(Trainer):
             self._sft_algorithms[name] = phase.algorithm.build()
         return self._sft_algorithms[name]
 
-    def drawing_algorithms(self) -> dict[str, Any]:
+    def drawing_algorithms(self) -> dict[str, DrawsOwnRNG]:
         """Each side's SFT and RL algorithm that draws from its own generator: ``sft-diffusion``
         (FlowSFT's t / noise), ``sft-ar``, ``rl-ar``, ``rl-diffusion``."""
         algs = {f"rl-{n}": side.algorithm for n, side in self.sides.items()}
         sft = self.cfg.sft
         phases = {DIFFUSION: sft.diffusion, AR: sft.ar} if sft is not None else {}
         algs |= {f"sft-{n}": self.sft_side_algorithm(n) for n, phase in phases.items() if phase is not None}
-        return {n: a for n, a in algs.items() if hasattr(a, "get_rng_state")}
+        return drawing(algs)
 
     def sft_parts_of(self, name: str, batch_size: int, step: int) -> list[Part]:
         if name == AR:
@@ -206,6 +213,8 @@ class PETrainer(Trainer):
                 )
             return parts
         images, captions = self.data.sft_examples(batch_size, seed=self.cfg.seed, step=step)
+        if not isinstance(self.bundle, EncodesImages):
+            raise TypeError(f"diffusion.sft: {type(self.bundle).__name__} cannot encode images to latents")
         with torch.no_grad():
             x0 = self.bundle.encode_images(torch.from_numpy(images).to(self.device)).float().cpu()
         conds = self.bundle.encode_prompts(captions)
@@ -225,7 +234,7 @@ class PETrainer(Trainer):
     # ---- RL: prompts -> rewrites -> renders -> reward -> credit -> advantages -> both stacks ----
     def collect(
         self,
-        phase: Any,
+        plan: RLPlan,
         train: list[PromptRecord],
         step: int,
         rollout: Callable[[list[Sample], int], list[Sample]] | None = None,
@@ -233,6 +242,9 @@ class PETrainer(Trainer):
         """One PE step: rewrites (parents) -> renders (children) by ``rollout`` (the async
         lifecycle's copies; default the trainer's own engines) -> rewards -> credit -> advantages.
         Returns the parents and the children (``train_parts`` takes each stack's Parts from them)."""
+        if not isinstance(plan, PERLPhase):
+            raise TypeError(f"PETrainer.collect needs the recipe's PERLPhase, got {plan!r}")
+        phase = plan
         records = draw(train, phase.prompts_per_step, seed=self.cfg.seed, step=step)
         samples = make_samples(
             records,
@@ -270,7 +282,7 @@ class PETrainer(Trainer):
         parents, children = split_batch(samples)
         return [s.part(AR) for s in parents] + [s.part(DIFFUSION) for s in children]
 
-    def rollout_side(self) -> Any:
+    def rollout_side(self) -> PERolloutSide:
         """The async lifecycle's rollout side: copies of both stacks fed through verified mailboxes."""
         return PERolloutSide(self)
 
@@ -283,7 +295,7 @@ class PETrainer(Trainer):
             raise ValueError(f"PETrainer.begin_phase({name!r}): its SFT runs in sft()")
         stacks: dict[str, TrainStack] = {}
         for side in self.sides.values():
-            if side.rl is None:
+            if side.rl is None or side.algorithm is None:
                 continue  # frozen: samples, never steps
             if starting and side.rl.reset_optimizer:
                 side.backend.reset_optimizer()
@@ -303,7 +315,8 @@ class PETrainer(Trainer):
         m: dict[str, float] = {}
         loss = 0.0
         for name, stack in stacks.items():
-            if self.rl_step % self.sides[name].rl.every:
+            rl = self.sides[name].rl
+            if rl is None or self.rl_step % rl.every:
                 continue
             sm = stack.train_on([p for p in parts if p.name == name])
             loss += sm.get("loss", 0.0)
@@ -315,7 +328,7 @@ class PETrainer(Trainer):
         return self.cfg.ar.eval_sampling or self.cfg.ar.sampling.model_copy(update={"top_k": 1})
 
     def sample_prompts(
-        self, records: Sequence[PromptRecord], samples_per_prompt: int, params: Any
+        self, records: Sequence[PromptRecord], samples_per_prompt: int, params: SamplingParams
     ) -> list[Sample]:
         """Held-out prompts rendered through the enhancer (``params``: its sampling), or from the raw
         prompts while ``self.unenhanced``; the renderer samples with the ODE."""
@@ -364,7 +377,7 @@ class PETrainer(Trainer):
         ]
         return sample_grid(imgs, labels, path)
 
-    def checkpoint_target(self) -> tuple[StacksCheckpoint, str]:
+    def checkpoint_target(self) -> tuple[StacksCheckpoint, CheckpointFormat]:
         """Both stacks in one atomic checkpoint (gathered: ``StacksCheckpoint`` has no shards)."""
         return StacksCheckpoint({AR: self.ar_backend, DIFFUSION: self.backend}), "full"
 

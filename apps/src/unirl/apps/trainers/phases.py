@@ -2,18 +2,72 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from unirl.apps.asynchronous.config import LifecycleFields
+from unirl.apps.asynchronous.config import AsyncConfig, LifecycleFields
 from unirl.apps.distributed.layout import LayoutConfig
 from unirl.train.algorithms import AlgorithmConfig
+from unirl.train.backends import TrainBackend
+from unirl.train.backends.config import FSDPConfig, MegatronConfig
 from unirl.train.geometry import BatchGeometry
 from unirl.train.optim import ScheduleConfig, phase_scheduler, set_base_lr
 from unirl.types import AdvantageConfig
 
 STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class SFTPlan(Protocol):
+    """What the shared lifecycle reads of every recipe's ``sft`` (an ``SFTPhaseBase``, or PE's
+    ``PESFT`` over its two stacks)."""
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def stop(self) -> SFTStopConfig | None: ...
+
+
+class RLPlan(Protocol):
+    """What the shared lifecycle reads of every recipe's ``rl`` (``RLPhase``, PE's and the unified
+    trainer's phases, whose ``algorithm`` is None: each stack or track names its own)."""
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def prompts_per_step(self) -> int: ...
+
+    @property
+    def samples_per_prompt(self) -> int: ...
+
+    @property
+    def lifecycle(self) -> Literal["sync", "async"]: ...
+
+    @property
+    def buffer(self) -> AsyncConfig: ...
+
+    @property
+    def algorithm(self) -> AlgorithmConfig | None: ...
+
+
+class LRPhase(Protocol):
+    """A phase with its own learning rate (``apply_phase_lr``; a ``PhaseLR`` also has a schedule)."""
+
+    @property
+    def lr(self) -> float | None: ...
+
+
+class ScheduledBackend(TrainBackend, Protocol):
+    """A TrainBackend with an optimizer and an LR schedule (``OptimizedBackend``'s: FSDP2,
+    megatron), on which ``apply_phase_lr`` sets a phase's learning rate."""
+
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
 
 
 class SFTStopConfig(BaseModel):
@@ -136,20 +190,36 @@ class RunSettings(BaseModel):
         default_factory=LayoutConfig, description="process layout: one process (single) or Ray workers (ray)"
     )
 
+    if TYPE_CHECKING:  # every recipe declares these (PE's `sft` is a property over its two stacks)
+        trainer: str
+
+        @property
+        def sft(self) -> SFTPlan | None: ...
+
+        @property
+        def rl(self) -> RLPlan | None: ...
+
+    def backend_config(self) -> FSDPConfig | MegatronConfig | None:
+        """The recipe's ``backend`` section; None for a recipe with one per stack (PE: ``ar.backend``
+        and ``diffusion.backend``, checked by its own validator)."""
+        return None
+
     @model_validator(mode="after")
     def _phases(self) -> RunSettings:
-        sft, rl = getattr(self, "sft", None), getattr(self, "rl", None)
+        sft, rl = self.sft, self.rl
         if sft is None and rl is None:
             raise ValueError("the recipe has neither an `sft` nor an `rl` phase: nothing to run")
         algorithm = rl.algorithm if rl is not None else None  # None: the unified trainer's tracks
         kl = algorithm.kl_weight if algorithm is not None else 0.0
-        reference = getattr(getattr(self, "backend", None), "reference", "none")
+        backend = self.backend_config()
+        reference = backend.reference if backend is not None else "none"
         if kl and reference == "none":
             raise ValueError(
                 f"rl.algorithm.kl_coef={kl} needs a reference policy, but backend.reference='none': set "
                 "backend.reference=frozen_copy (the policy RL starts from) or lora_base, or kl_coef=0"
             )
-        pp = getattr(getattr(self, "backend", None), "pipeline_model_parallel_size", 1)
+        megatron = backend if isinstance(backend, MegatronConfig) else None  # FSDP2: neither TP nor PP
+        pp = megatron.pipeline_model_parallel_size if megatron is not None else 1
         if kl and pp > 1:
             raise ValueError(
                 f"rl.algorithm.kl_coef={kl} with backend.pipeline_model_parallel_size={pp}: the KL term "
@@ -166,12 +236,10 @@ class RunSettings(BaseModel):
                 "rl.lifecycle='async' with layout.sync='broadcast': a broadcast needs sender and receivers "
                 "at once, so the trainer would wait for the rollout in progress; use sync='buckets' or 'shm'"
             )
-        buffer = getattr(rl, "buffer", None)  # a trainer's own RL phase (PE) may have no async buffer
-        if rl is not None and buffer is not None and buffer.partial_rollouts:
-            _check_partial(rl, getattr(self, "trainer", None))
-        backend = getattr(self, "backend", None)
-        for field in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
-            size = getattr(backend, field, 1)
+        if rl is not None and rl.buffer.partial_rollouts:
+            _check_partial(rl, self.trainer)
+        tp = megatron.tensor_model_parallel_size if megatron is not None else 1
+        for field, size in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp)):
             if size > 1 and self.layout.kind == "ray":
                 raise ValueError(
                     f"backend.{field}={size} with layout.kind='ray': the Ray train workers are "
@@ -180,7 +248,22 @@ class RunSettings(BaseModel):
         return self
 
 
-def _check_partial(rl: RLPhase, trainer: str | None) -> None:
+def sft_phase(recipe: RunSettings) -> SFTPhaseBase:
+    """The recipe's ``sft`` as the shared SFT loop runs it (PE runs its two stacks' phases itself)."""
+    if not isinstance(recipe.sft, SFTPhaseBase):
+        raise TypeError(f"the shared SFT loop needs an SFT phase; the recipe has sft={recipe.sft!r}")
+    return recipe.sft
+
+
+def rl_phase(plan: RLPlan | None) -> RLPhase:
+    """``plan`` as the shared RL steps (``make_stack``, ``collect``) run it: an ``RLPhase``; PE's and
+    the unified trainer's phases go through their trainers' own steps."""
+    if not isinstance(plan, RLPhase):
+        raise TypeError(f"the shared RL step needs an RLPhase; the recipe has rl={plan!r}")
+    return plan
+
+
+def _check_partial(rl: RLPlan, trainer: str) -> None:
     """``rl.buffer.partial_rollouts`` is an option of the AR async lifecycle (one process or Ray)."""
     if rl.lifecycle != "async":
         raise ValueError(
@@ -195,11 +278,12 @@ def _check_partial(rl: RLPhase, trainer: str | None) -> None:
         )
 
 
-def apply_phase_lr(backend: Any, phase: Any, step: int) -> None:
+def apply_phase_lr(backend: ScheduledBackend, phase: LRPhase, step: int) -> None:
     """A phase's ``lr`` and ``scheduler`` (a schedule over its own steps, positioned at ``step``,
-    the phase's cursor) onto the backend's optimizer; neither set: the backend's schedule goes on."""
-    schedule = getattr(phase, "scheduler", None)
-    lr = phase.lr if phase.lr is not None else backend.scheduler.base_lrs[0]
+    the phase's cursor) onto the backend's optimizer; neither set: the backend's schedule goes on.
+    Only a ``PhaseLR`` has a scheduler (PE's stacks and the unified RL phase set an ``lr`` only)."""
+    schedule = phase.scheduler if isinstance(phase, PhaseLR) else None
+    lr = phase.lr if phase.lr is not None else float(backend.scheduler.base_lrs[0])
     if schedule is not None:
         backend.scheduler = phase_scheduler(backend.optimizer, schedule, lr, step)
     elif phase.lr is not None:

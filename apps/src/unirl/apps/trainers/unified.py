@@ -14,35 +14,38 @@ samples the plan greedily and draws with the ODE.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from unirl.apps.data import draw
 from unirl.apps.launch import run_trainer
-from unirl.apps.loop import make_samples, signal_fraction
+from unirl.apps.loop import PromptRecord, make_samples, signal_fraction
 from unirl.apps.plots import sample_grid
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.base import Trainer
-from unirl.apps.trainers.phases import apply_phase_lr
+from unirl.apps.trainers.checkpoints import drawing
+from unirl.apps.trainers.phases import RLPlan, apply_phase_lr
 from unirl.apps.trainers.prompt_reward import OriginalPromptReward
 from unirl.apps.trainers.unified_async import UnifiedRolloutSide
-from unirl.apps.trainers.unified_config import Recipe, TinyUnifiedModelConfig
+from unirl.apps.trainers.unified_config import Recipe, TinyUnifiedModelConfig, UnifiedRLPhase
 from unirl.apps.worlds.shapes_paraphrase import ShapesParaphraseSource
 from unirl.reward.service import RewardService
 from unirl.rollout.engines import TrainsideEngine
 from unirl.rollout.engines.composed import ComposedEngine
 from unirl.rollout.unified import TinyUnifiedBundle, UnifiedImagePipeline, UnifiedTextPipeline
-from unirl.train.algorithms import UsesOldPolicy
+from unirl.train.algorithms import AlgorithmConfig, DrawsOwnRNG, StageAlgorithm, UsesOldPolicy
 from unirl.train.geometry import BatchGeometry
 from unirl.train.unified_stack import Track, UnifiedModelTrainStack
 from unirl.types import (
+    ARSamplingParams,
     LatentTrajectory,
     Part,
     Reward,
     Sample,
+    SamplingParams,
     TextPrimitive,
     TextSegment,
     compute_sample_advantages,
@@ -72,6 +75,8 @@ def build_bundle(
 
 class UnifiedTrainer(Trainer):
     stage = IMAGE  # what a run is judged on: the drawing, scored against the original prompt
+    cfg: Recipe
+    pipeline: UnifiedImagePipeline
     data: ShapesParaphraseSource
 
     def __init__(self, recipe: Recipe, run_dir: RunDir) -> None:
@@ -120,7 +125,7 @@ class UnifiedTrainer(Trainer):
         )
         self.reward = OriginalPromptReward(RewardService.from_config(recipe.reward))
         self.algorithm = None  # each track has its own
-        self._track_algs: dict[str, dict[str, Any]] = {}  # phase -> track -> algorithm
+        self._track_algs: dict[str, dict[str, StageAlgorithm]] = {}  # phase -> track -> algorithm
         self.rl_tracks: list[str] = []  # the tracks RL trains (begin_phase)
 
     # ---- SFT: both tracks on (prompt, canonical plan, render) ---------------------------------
@@ -163,10 +168,11 @@ class UnifiedTrainer(Trainer):
         """No one SFT algorithm: each track has its own (``track_algorithms``)."""
         return None
 
-    def track_algorithms(self, phase: str) -> dict[str, Any]:
+    def track_algorithms(self, phase: str) -> dict[str, StageAlgorithm]:
         """track -> its algorithm in phase ``phase`` ('sft', 'rl'), built once per process: a
         checkpoint saves the generators they draw from (``drawing_algorithms``)."""
         if phase not in self._track_algs:
+            cfgs: dict[str, AlgorithmConfig]
             if phase == "sft":
                 sft = self.cfg.sft
                 cfgs = {AR: sft.ar, IMAGE: sft.image} if sft is not None else {}
@@ -177,28 +183,30 @@ class UnifiedTrainer(Trainer):
             self._track_algs[phase] = {n: c.build() for n, c in cfgs.items()}
         return self._track_algs[phase]
 
-    def drawing_algorithms(self) -> dict[str, Any]:
+    def drawing_algorithms(self) -> dict[str, DrawsOwnRNG]:
         """Each phase's track algorithm that draws from its own generator: ``sft-image``
         (FlowSFT), ``rl-image`` (DiffusionNFT's t / noise), ``sft-ar``, ``rl-ar``."""
-        algs = {f"{ph}-{n}": a for ph in ("sft", "rl") for n, a in self.track_algorithms(ph).items()}
-        return {n: a for n, a in algs.items() if hasattr(a, "get_rng_state")}
+        return drawing({f"{ph}-{n}": a for ph in ("sft", "rl") for n, a in self.track_algorithms(ph).items()})
 
-    def begin_phase(self, name: str, *, starting: bool = False) -> Any:
+    def begin_phase(self, name: str, *, starting: bool = False) -> Callable[[list[Part]], dict[str, float]]:
+        if name not in ("sft", "rl"):
+            raise ValueError(f"phase={name!r} is not one of 'sft', 'rl'")
+        sft, phase = self.cfg.sft, self.cfg.rl
         if name == "sft":
-            phase = self.cfg.sft
-            apply_phase_lr(self.backend, phase, self.sft_step)
+            if sft is None:
+                raise ValueError("UnifiedTrainer.begin_phase('sft'): the recipe has no `sft`")
+            apply_phase_lr(self.backend, sft, self.sft_step)
             geometry = BatchGeometry(
-                micro_batch_size=min(phase.micro_batch_size or phase.batch_size, phase.batch_size)
+                micro_batch_size=min(sft.micro_batch_size or sft.batch_size, sft.batch_size)
             )
             algs = self.track_algorithms("sft")
             tracks = [
-                Track(AR, algs[AR], self.text_pipeline, phase.ar_weight),
-                Track(IMAGE, algs[IMAGE], self.pipeline, phase.image_weight),
+                Track(AR, algs[AR], self.text_pipeline, sft.ar_weight),
+                Track(IMAGE, algs[IMAGE], self.pipeline, sft.image_weight),
             ]
             return UnifiedModelTrainStack(self.backend, tracks, geometry).train_on
-        if name != "rl":
-            raise ValueError(f"phase={name!r} is not one of 'sft', 'rl'")
-        phase = self.cfg.rl
+        if phase is None:
+            raise ValueError("UnifiedTrainer.begin_phase('rl'): the recipe has no `rl`")
         if starting and phase.reset_optimizer:
             self.backend.reset_optimizer()
         if starting and self.nft:
@@ -218,10 +226,17 @@ class UnifiedTrainer(Trainer):
 
     # ---- RL: prompts -> think + draw -> reward -> credit both -> advantages -> one step ---------
     def collect(
-        self, phase: Any, train: list[Any], step: int, rollout: Any = None
+        self,
+        plan: RLPlan,
+        train: list[PromptRecord],
+        step: int,
+        rollout: Callable[[list[Sample], int], list[Sample]] | None = None,
     ) -> tuple[list[Sample], dict[str, float]]:
         """One step's rollout (``rollout``: the async lifecycle's copy; default the trainer's own
         engine), scored and credited."""
+        if not isinstance(plan, UnifiedRLPhase):
+            raise TypeError(f"UnifiedTrainer.collect needs the recipe's UnifiedRLPhase, got {plan!r}")
+        phase = plan
         records = draw(train, phase.prompts_per_step, seed=self.cfg.seed, step=step)
         samples = make_samples(
             records,
@@ -247,17 +262,19 @@ class UnifiedTrainer(Trainer):
         """Both tracks' Parts of the batch (those RL trains), track by track."""
         return [s.part(n) for n in (AR, IMAGE) if n in self.rl_tracks for s in samples]
 
-    def rollout_side(self) -> Any:
+    def rollout_side(self) -> UnifiedRolloutSide:
         """The async lifecycle's rollout side: copies of the model (the text track's live weights,
         the image track's old policy), fed through verified mailboxes."""
         cfg, words = self.cfg, world_words(self.data)
         return UnifiedRolloutSide(self, lambda: build_bundle(cfg.model, words, cfg.data.resolution, cfg.seed))
 
     # ---- evaluation ---------------------------------------------------------------------------
-    def eval_params(self) -> Any:
+    def eval_params(self) -> ARSamplingParams:
         return self.cfg.eval_ar_sampling or self.cfg.ar_sampling.model_copy(update={"top_k": 1})
 
-    def sample_prompts(self, records: Any, samples_per_prompt: int, params: Any) -> list[Sample]:
+    def sample_prompts(
+        self, records: Sequence[PromptRecord], samples_per_prompt: int, params: SamplingParams
+    ) -> list[Sample]:
         samples = make_samples(
             list(records), step=0, samples_per_prompt=samples_per_prompt, split="eval", dataset=self.data.name
         )

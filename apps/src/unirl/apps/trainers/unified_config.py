@@ -138,6 +138,9 @@ class Recipe(RunSettings):
     sft: UnifiedSFTPhase | None = None
     rl: UnifiedRLPhase | None = None
 
+    def backend_config(self) -> BackendConfig:
+        return self.backend
+
     @model_validator(mode="after")
     def _unified(self) -> Recipe:
         if self.layout.kind != "single":
