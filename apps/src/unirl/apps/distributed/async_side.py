@@ -12,11 +12,34 @@ unread. The acks are confirmed on the trainer's thread, the only one that calls 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
+from unirl.apps.asynchronous.source import RLRecipe
 from unirl.apps.distributed.board import WeightBoard
+from unirl.apps.distributed.layout import LayoutConfig
 from unirl.apps.distributed.workers import RolloutWorker, TrainWorker
+from unirl.distributed import RayRemote
 from unirl.types import Sample
+
+
+class RayDriver(Protocol):
+    """What ``RayRolloutSide`` uses of the ``DistributedRL`` controller."""
+
+    synced_version: int | None
+
+    @property
+    def cfg(self) -> RLRecipe: ...
+
+    @property
+    def layout(self) -> LayoutConfig: ...
+
+    @property
+    def train(self) -> RayRemote[TrainWorker]: ...
+
+    @property
+    def rollout_remote(self) -> RayRemote[RolloutWorker]: ...
+
+    def engine_checks(self) -> dict[str, float]: ...
 
 
 class RayRolloutSide:
@@ -25,12 +48,14 @@ class RayRolloutSide:
     shared = True
     """The rollout workers also run the controller's evaluations: the trainer borrows them."""
 
-    def __init__(self, controller: Any) -> None:
+    def __init__(self, controller: RayDriver) -> None:
         import ray
 
         self.d = d = controller
         n = d.rollout_remote.world_size
         self.board = ray.remote(num_cpus=0)(WeightBoard).remote(n)
+        if d.cfg.rl is None:
+            raise ValueError("the async lifecycle needs an `rl` phase (rl.buffer)")
         buffer = d.cfg.rl.buffer
         self.partial = bool(buffer.partial_rollouts)
         chunk = buffer.partial_chunk_tokens if self.partial else None

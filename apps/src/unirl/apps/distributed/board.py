@@ -11,11 +11,15 @@ in progress, or the newest and acked by every worker (``collect``).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from unirl.distributed.errors import StaleWeightVersionError
 from unirl.distributed.rank import RankInfo
 from unirl.distributed.weightsync import SyncAck, SyncTicket
+
+if TYPE_CHECKING:  # the board actor's process imports no model code
+    from unirl.rollout.ar import ARPipeline
+    from unirl.rollout.pipelines import Pipeline
 
 __all__ = ["BoardSwap", "WeightBoard", "attach_board", "catch_up", "detach_board"]
 
@@ -24,9 +28,11 @@ class BoardReader(Protocol):
     """What the board's worker side uses of ``workers.RolloutWorker``."""
 
     info: RankInfo
-    board: Any  # the WeightBoard actor handle
+    board: Any  # the WeightBoard actor handle (ray's stubs do not type its `.remote` methods)
     policy_version: int
-    pipeline: Any
+
+    @property
+    def pipeline(self) -> Pipeline: ...
 
     def pull(self, ticket: SyncTicket | None) -> SyncAck: ...
 
@@ -98,13 +104,22 @@ def attach_board(worker: BoardReader, board: Any, chunk_tokens: int | None) -> N
 
     worker.board, worker.policy_version = board, -1
     if chunk_tokens is not None:  # AR pipelines only (the recipe checks it)
-        worker.pipeline.enable_partial(PartialRollouts(BoardSwap(worker), chunk_tokens))
+        _ar(worker).enable_partial(PartialRollouts(BoardSwap(worker), chunk_tokens))
 
 
 def detach_board(worker: BoardReader) -> None:
     """The async phase is over: decode whole generations again, the board is gone."""
     worker.board = None
-    worker.pipeline.enable_partial(None)
+    _ar(worker).enable_partial(None)
+
+
+def _ar(worker: BoardReader) -> ARPipeline:
+    """The worker's pipeline, which partial rollouts (an AR decode loop) need to be an ARPipeline."""
+    from unirl.rollout.ar import ARPipeline
+
+    if not isinstance(worker.pipeline, ARPipeline):
+        raise TypeError(f"rollout{worker.info.rank}: partial rollouts need an AR pipeline")
+    return worker.pipeline
 
 
 def catch_up(worker: BoardReader) -> tuple[int, int]:

@@ -18,10 +18,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from unirl.apps.distributed.layout import LayoutConfig, check_layout
-from unirl.apps.distributed.workers import LayoutRecipe, RolloutWorker, TrainWorker
+from unirl.apps.distributed.workers import EngineSyncCheck, LayoutRecipe, RolloutWorker, TrainWorker
 from unirl.apps.loop import StopFlag, latest_checkpoint
 from unirl.apps.run_dir import RunDir
 from unirl.apps.trainers.base import Trainer
@@ -30,7 +30,11 @@ from unirl.distributed import MeshShape, RayRemote, place, split_dp
 from unirl.distributed.errors import WeightSyncError
 from unirl.distributed.weightsync import drive_weight_sync
 from unirl.reward.service import RewardService
-from unirl.types import Part, Sample
+from unirl.train.algorithms import DrawsOwnRNG
+from unirl.types import Part, Sample, SamplingParams
+
+if TYPE_CHECKING:
+    from unirl.apps.asynchronous.source import RolloutSide
 
 __all__ = ["DistributedRL", "RemoteEngine"]
 
@@ -56,8 +60,24 @@ class RemoteEngine:
         """A no-op: the rollout workers hold their own devices."""
 
 
+class SyncCheck(TypedDict, total=False):
+    """One weight sync's record (``DistributedRL.sync_checks``): always version, ticket checksum,
+    scope and tensor count; the weight checksums with ``layout.verify_weights``; each dedicated
+    engine's own check."""
+
+    version: int
+    ticket: str
+    scope: str
+    tensors: int
+    trainer: str
+    rollout: list[str]
+    engine: list[EngineSyncCheck | None]
+
+
 class DistributedRL(Trainer):
     """A domain trainer (``domain``: ARTrainer, DiffusionTrainer) laid out on Ray workers."""
+
+    cfg: LayoutRecipe
 
     def __init__(
         self, recipe: LayoutRecipe, run_dir: RunDir, domain: type[Trainer], layout: LayoutConfig
@@ -73,7 +93,7 @@ class DistributedRL(Trainer):
         self.dedicated = recipe.rollout.engine.kind != "trainside"
         """True when the rollout workers sample with a dedicated engine (vLLM)."""
         self.synced_version: int | None = None
-        self.sync_checks: list[dict[str, Any]] = []
+        self.sync_checks: list[SyncCheck] = []
         """One entry per sync: version, ticket checksum, trainer/rollout weight checksums."""
         self._scratch = tempfile.TemporaryDirectory(prefix="unirl-workers-")
         self._start_workers()
@@ -103,7 +123,7 @@ class DistributedRL(Trainer):
             share=plan.slab_of("train").share,
         )
         cls: type[RolloutWorker] = RolloutWorker
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {}  # the dedicated worker's own keywords (partial() checks none)
         if self.dedicated:  # a vLLM engine samples; the pipeline copy is its verified reference
             from unirl.apps.distributed.vllm_rollout import VLLMRolloutWorker
 
@@ -174,7 +194,7 @@ class DistributedRL(Trainer):
             streaming=self.layout.sync.streaming,
             timeout_s=self.layout.call_timeout_s,
         )
-        check: dict[str, Any] = {
+        check: SyncCheck = {
             "version": version,
             "ticket": ticket.checksum,
             "scope": "adapters" if adapters_only else "all",
@@ -183,7 +203,7 @@ class DistributedRL(Trainer):
         if self.layout.verify_weights:
             want = self.train.call_all(TrainWorker.weights_checksum)[0]
             got = self.rollout_remote.call_all(RolloutWorker.weights_checksum)
-            check |= {"trainer": want, "rollout": got}
+            check["trainer"], check["rollout"] = want, got
             if any(g != want for g in got):
                 raise WeightSyncError(
                     f"weight sync v{version}: rollout weights {got} differ from the trainer's {want}"
@@ -210,7 +230,7 @@ class DistributedRL(Trainer):
         return self.train.call_dp(TrainWorker.train_on, shards)[0]
 
     # ---- domain hooks: the domain's own, where they need no model ---------------------------------
-    def eval_params(self) -> Any:
+    def eval_params(self) -> SamplingParams:
         return self._eval_params
 
     def rollout(self, samples: list[Sample], step: int) -> list[Sample]:
@@ -225,7 +245,7 @@ class DistributedRL(Trainer):
     def sft_parts(self, batch_size: int, step: int) -> list[Part]:
         return self.train.call_rank0(TrainWorker.sft_parts, batch_size, step)
 
-    def rollout_side(self) -> Any:
+    def rollout_side(self) -> RolloutSide:
         """Async lifecycle: the rollout workers sample while the train workers train."""
         from unirl.apps.distributed.async_side import RayRolloutSide
 
@@ -256,7 +276,7 @@ class DistributedRL(Trainer):
             self.shutdown()
 
     # ---- checkpoints (every train rank takes part) --------------------------------------------------
-    def drawing_algorithms(self) -> dict[str, Any]:
+    def drawing_algorithms(self) -> dict[str, DrawsOwnRNG]:
         """None here: the controller's algorithm only shapes rewards; each train rank's own (FlowSFT,
         DiffusionNFT) are checkpointed per rank (``TrainWorker.algorithm_rng_files``)."""
         return {}

@@ -16,13 +16,60 @@ it through the ``engine`` plane (verified); LoRA with vLLM is rejected by the AR
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from unirl.distributed.weightsync.config import BucketsSync, SyncConfig
+from unirl.rollout.engines.vllm_config import VLLMEngineConfig
+from unirl.train.geometry import BatchGeometry
 
-__all__ = ["LayoutConfig", "check_layout", "ensure_ray"]
+__all__ = ["LaidOutRecipe", "LayoutConfig", "check_layout", "ensure_ray"]
+
+
+class _RLBatch(Protocol):
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def prompts_per_step(self) -> int: ...
+
+    @property
+    def samples_per_prompt(self) -> int: ...
+
+    @property
+    def geometry(self) -> BatchGeometry: ...
+
+
+class _SFTBatch(Protocol):
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+
+class _Engine(Protocol):
+    @property
+    def kind(self) -> str: ...
+
+
+class _Rollout(Protocol):
+    @property
+    def engine(self) -> _Engine: ...
+
+
+class LaidOutRecipe(Protocol):
+    """What ``check_layout`` reads of a recipe (the AR and diffusion recipes a Ray layout runs)."""
+
+    @property
+    def rl(self) -> _RLBatch | None: ...
+
+    @property
+    def sft(self) -> _SFTBatch | None: ...
+
+    @property
+    def rollout(self) -> _Rollout: ...
 
 
 class LayoutConfig(BaseModel):
@@ -74,29 +121,25 @@ class LayoutConfig(BaseModel):
         return self
 
 
-def check_layout(recipe: Any, layout: LayoutConfig) -> None:
+def check_layout(recipe: LaidOutRecipe, layout: LayoutConfig) -> None:
     """Raise ValueError when the recipe's batches cannot be split over ``layout.train_workers``, or
     its dedicated engine cannot serve ``layout.rollout_workers``.
 
     The RL geometry is per rank (``rl.geometry`` sizes count Parts on one rank), so each rank's
     shard ``prompts_per_step * samples_per_prompt / train_workers`` must be a valid shard.
     """
-    engine = getattr(getattr(recipe, "rollout", None), "engine", None)
-    if (
-        layout.kind == "ray"
-        and getattr(engine, "kind", "trainside") == "vllm"
-        and getattr(engine, "url", None)
-        and layout.rollout_workers > 1
-    ):
+    engine = recipe.rollout.engine
+    url = engine.url if isinstance(engine, VLLMEngineConfig) else None  # a server to attach to
+    if layout.kind == "ray" and url and layout.rollout_workers > 1:
         # every rollout worker pushes each version into its own engine; sharing one server, the
         # second push of a version would change nothing and fail the no-op-sync guard
         raise ValueError(
-            f"rollout.engine.url={engine.url!r} with layout.rollout_workers={layout.rollout_workers}: "  # type: ignore[union-attr]  # not None here
+            f"rollout.engine.url={url!r} with layout.rollout_workers={layout.rollout_workers}: "
             "rollout workers cannot share one attached vLLM server; use rollout_workers=1, or leave "
             "rollout.engine.url unset so each worker starts its own engine"
         )
     n = layout.train_workers
-    rl = getattr(recipe, "rl", None)
+    rl = recipe.rl
     if rl is not None and rl.steps:
         total = rl.prompts_per_step * rl.samples_per_prompt
         if total % n:
@@ -110,7 +153,7 @@ def check_layout(recipe: Any, layout: LayoutConfig) -> None:
             raise ValueError(
                 f"rl.geometry with layout.train_workers={n} (per-rank shard {total // n}): {e}"
             ) from None
-    sft = getattr(recipe, "sft", None)
+    sft = recipe.sft
     if sft is not None and sft.steps and sft.batch_size % n:
         raise ValueError(
             f"layout.train_workers={n} does not divide sft.batch_size={sft.batch_size}; pick a divisor"

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from unirl.apps.distributed.layout import ensure_ray
 from unirl.apps.launch import run_trainer
 from unirl.apps.trainers.base import Trainer
+from unirl.apps.trainers.phases import RunSettings
 
 __all__ = ["domain_trainer", "ensure_ray", "run"]
 
 
-def domain_trainer(recipe: Any) -> type[Trainer]:
+def domain_trainer(recipe: RunSettings) -> type[Trainer]:
     """The single-process trainer class of ``recipe.trainer``."""
     if recipe.trainer == "ar":
         from unirl.apps.trainers.ar import ARTrainer
@@ -25,7 +25,7 @@ def domain_trainer(recipe: Any) -> type[Trainer]:
     raise ValueError(f"recipe trainer={recipe.trainer!r} has no layout support (known: 'ar', 'diffusion')")
 
 
-def run(recipe: Any, run_dir: Path, *, mode: str = "train", recipe_name: str = "") -> int:
+def run(recipe: RunSettings, run_dir: Path, *, mode: str = "train", recipe_name: str = "") -> int:
     """Run ``recipe`` single-process (``layout.kind: single``, the default) or on Ray workers;
     ``run_trainer`` reads the layout."""
     title = f"unirl {recipe.trainer} run: {recipe_name}"

@@ -22,9 +22,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from unirl.apps.distributed.workers import RolloutWorker
+from unirl.apps.distributed.workers import EngineSyncCheck, RolloutWorker
+from unirl.apps.trainers.ar_config import Recipe as ARRecipe
 from unirl.distributed.rank import RankInfo
 from unirl.distributed.weightsync import Endpoint, EngineSync, SyncAck, module_weights, stamp_of
+from unirl.rollout.ar import ARPipeline, CausalLMBundle
+from unirl.rollout.engines.vllm_config import VLLMEngineConfig
 from unirl.types import Sample
 
 __all__ = ["VLLMRolloutWorker"]
@@ -33,17 +36,27 @@ __all__ = ["VLLMRolloutWorker"]
 class VLLMRolloutWorker(RolloutWorker):
     """A rollout worker whose samples come from vLLM (``rollout.engine.kind: vllm``)."""
 
-    def __init__(self, info: RankInfo, *, stage: str, recipe: Any, threads: int, scratch: str) -> None:
+    def __init__(self, info: RankInfo, *, stage: str, recipe: ARRecipe, threads: int, scratch: str) -> None:
         from unirl.apps.trainers.ar_config import engine_model_dir
 
         super().__init__(info, stage=stage, recipe=recipe, threads=threads)
+        bundle, pipeline, engine = self.bundle, self.pipeline, recipe.rollout.engine
+        if not (
+            isinstance(bundle, CausalLMBundle)
+            and isinstance(pipeline, ARPipeline)
+            and isinstance(engine, VLLMEngineConfig)
+        ):
+            raise TypeError(
+                f"rollout{info.rank}: a vLLM rollout worker needs a text AR recipe with a vLLM engine"
+            )
         # before vLLM is imported: its engine core runs in this process (see the module doc)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        model_dir = engine_model_dir(recipe, self.bundle, Path(scratch) / f"rollout{info.rank}_engine_init")
+        model_dir = engine_model_dir(recipe, bundle, Path(scratch) / f"rollout{info.rank}_engine_init")
         initial = stamp_of(module_weights(self.module), 0)  # only its checksum is used
         # version -1: the start-up weights are no trainer version; the controller syncs before sampling
-        self.engine: Any = recipe.rollout.engine.build(
-            self.pipeline,
+        # a VLLMEngine (its config's build() is untyped), in place of the trainside engine
+        self.engine: Any = engine.build(
+            pipeline,
             model_dir,
             reference=self.module,
             weight_version=-1,
@@ -52,7 +65,7 @@ class VLLMRolloutWorker(RolloutWorker):
         self.engine_plane = EngineSync().build(
             Endpoint(f"rollout{info.rank} vLLM engine", is_source=True, engine=self.engine)
         )
-        self.last_sync: dict[str, Any] | None = None
+        self.last_sync: EngineSyncCheck | None = None
 
     def generate(self, samples: list[Sample]) -> list[Sample]:
         if self.last_sync is None:
@@ -72,7 +85,7 @@ class VLLMRolloutWorker(RolloutWorker):
             "canary_gap": self.engine.last_canary_gap,
         }
 
-    def engine_sync(self) -> dict[str, Any] | None:
+    def engine_sync(self) -> EngineSyncCheck | None:
         return self.last_sync
 
     def metrics(self) -> dict[str, float]:

@@ -22,8 +22,9 @@ Worker methods are plain methods: the controller (``DistributedRL``) calls them 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias, TypedDict
 
 import torch
 
@@ -34,6 +35,7 @@ from unirl.apps.trainers.ar_config import Recipe as ARRecipe
 from unirl.apps.trainers.checkpoints import algorithm_rng_files, restore_algorithm_rngs
 from unirl.apps.trainers.components import PolicyRecipe
 from unirl.apps.trainers.diffusion_config import Recipe as DiffusionRecipe
+from unirl.apps.trainers.phases import RunSettings, ScheduledBackend
 from unirl.distributed.codec import Checksum
 from unirl.distributed.errors import WeightSyncError
 from unirl.distributed.rank import RankInfo
@@ -48,9 +50,11 @@ from unirl.distributed.weightsync import (
     is_adapter,
 )
 from unirl.distributed.weightsync.protocol import full_tensor
+from unirl.rollout.pipelines import Pipeline
+from unirl.train.backends import ExportsHFWeights, TrainBackend
 from unirl.train.checkpoint import CheckpointFormat, load_checkpoint, save_checkpoint
 from unirl.train.stack import TrainStack
-from unirl.types import Part, Sample
+from unirl.types import Part, Sample, SamplingParams
 from unirl.types.faults import fault_point
 
 __all__ = [
@@ -64,8 +68,17 @@ __all__ = [
 ]
 
 
-LayoutRecipe = ARRecipe | DiffusionRecipe
+LayoutRecipe: TypeAlias = ARRecipe | DiffusionRecipe
 """The recipes a Ray layout runs (both have ``rollout.engine``, ``backend.lora``, ``build_policy``)."""
+
+
+class EngineSyncCheck(TypedDict):
+    """What a dedicated engine verified at a weight sync (``RolloutWorker.engine_sync``)."""
+
+    version: int
+    checksum: str
+    tensors: int
+    canary_gap: float | None
 
 
 def weights_checksum(module: torch.nn.Module | list[tuple[str, torch.Tensor]]) -> str:
@@ -78,14 +91,13 @@ def weights_checksum(module: torch.nn.Module | list[tuple[str, torch.Tensor]]) -
     return c.hexdigest()
 
 
-def policy_tensors(backend: Any) -> list[tuple[str, torch.Tensor]]:
+def policy_tensors(backend: TrainBackend) -> list[tuple[str, torch.Tensor]]:
     """The trained policy's parameters under the rollout copy's names, in its parameter order:
     the module's own for FSDP2 (DTensors; the sync gathers them), the Hugging Face-named,
     TP-gathered export for megatron (collective)."""
-    export = getattr(backend, "named_hf_weights", None)
-    if export is None:
+    if not isinstance(backend, ExportsHFWeights):
         return list(backend.module.named_parameters())
-    weights = dict(export())
+    weights = dict(backend.named_hf_weights())
     return [(n, weights[n]) for n in backend.hf_param_names()]
 
 
@@ -110,17 +122,18 @@ class TrainWorker:
         # the domain trainer builds bundle, backend (FSDP2 over this Remote's group), algorithm;
         # its RunDir is a scratch dir: the controller owns the real run directory
         self.trainer = domain(recipe, RunDir(Path(scratch) / f"train{info.rank}", tensorboard=False))
+        self.lora = recipe.backend.lora  # the backend's (it is built from this section)
         torch.set_num_threads(threads)
         self.stack: TrainStack | None = None
         self.sync: WeightSync | None = None
         self.lora_sync: LoraOnlySync | None = None
 
     @property
-    def backend(self) -> Any:
+    def backend(self) -> ScheduledBackend:
         return self.trainer.backend
 
     # -- domain pieces the controller needs --------------------------------------------------------
-    def eval_params(self) -> Any:
+    def eval_params(self) -> SamplingParams:
         """Sampling params of held-out evaluation."""
         return self.trainer.eval_params()
 
@@ -162,7 +175,7 @@ class TrainWorker:
         source = self.info.rank == 0
         group = sync.join_group(addr, port, 0, world) if source else None
         self.sync = make_weight_sync(sync, Endpoint(f"train{self.info.rank}", is_source=source, group=group))
-        if self.backend.config.lora is not None:  # same endpoint (and version gate), adapters only
+        if self.lora is not None:  # same endpoint (and version gate), adapters only
             self.lora_sync = LoraOnlySync(self.sync)
 
     def _push(self, plane: WeightSync | LoraOnlySync, version: int) -> SyncTicket:
@@ -226,7 +239,9 @@ class TrainWorker:
         return extra
 
 
-def build_rollout(recipe: PolicyRecipe, stage: str, device: torch.device) -> tuple[Any, Any, torch.nn.Module]:
+def build_rollout(
+    recipe: RunSettings, stage: str, device: torch.device
+) -> tuple[object, Pipeline, torch.nn.Module]:
     """(bundle, pipeline, trainable module) of the recipe's domain: its ``build_policy``, the one
     the trainer builds its own policy with, as a rollout copy."""
     if not isinstance(recipe, PolicyRecipe):
@@ -238,12 +253,13 @@ def build_rollout(recipe: PolicyRecipe, stage: str, device: torch.device) -> tup
 
 
 def rollout_module(
-    recipe: LayoutRecipe, stage: str, device: torch.device
-) -> tuple[Any, Any, torch.nn.Module]:
+    recipe: RunSettings, stage: str, device: torch.device
+) -> tuple[object, Pipeline, torch.nn.Module]:
     """``build_rollout`` made a rollout-only copy of the trained policy: the trainer's LoRA
     adapters injected unmerged (same names, same forward) and no gradients."""
     bundle, pipeline, module = build_rollout(recipe, stage, device)
-    lora = recipe.backend.lora
+    backend = recipe.backend_config()
+    lora = backend.lora if backend is not None else None
     if lora is not None:
         from unirl.train.lora import inject_lora
 
@@ -305,7 +321,9 @@ class RolloutWorker:
         group = sync.join_group(addr, port, 1 + self.info.rank, world)
         self.sync = make_weight_sync(sync, Endpoint(f"rollout{self.info.rank}", is_source=False, group=group))
 
-    def _sink(self, got: set[str], allowed: set[str] | None = None) -> Any:
+    def _sink(
+        self, got: set[str], allowed: set[str] | None = None
+    ) -> Callable[[dict[str, torch.Tensor]], None]:
         def load(bucket: dict[str, torch.Tensor]) -> None:
             for name, t in bucket.items():
                 p = self.params.get(name) if allowed is None or name in allowed else None
@@ -362,7 +380,7 @@ class RolloutWorker:
         """Serve the weights just loaded into ``self.module`` as version ``ack.version``."""
         self.engine.set_weight_version(ack.version)
 
-    def engine_sync(self) -> dict[str, Any] | None:
+    def engine_sync(self) -> EngineSyncCheck | None:
         """What a dedicated engine verified at the last sync (None: the trainside copy has none)."""
         return None
 
