@@ -16,14 +16,23 @@ from pathlib import Path
 import yaml
 
 
+def last_process(rl_rows: list[dict]) -> list[dict]:
+    """The RL rows the last process wrote, one per step. A resumed run's metrics.jsonl holds the
+    killed process's rows first; each process's `time` counts from its own start, so a row whose
+    time is below its predecessor's begins a new process (mixing the two made wall time negative)."""
+    start = max((i for i in range(1, len(rl_rows)) if rl_rows[i]["time"] < rl_rows[i - 1]["time"]), default=0)
+    by_step = {r["step"]: r for r in rl_rows[start:]}  # the last row of a step
+    return [by_step[k] for k in sorted(by_step)]
+
+
 def summary(run: Path) -> dict[str, float | str]:
     rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    rl = {r["step"]: r for r in rows if r["phase"] == "rl"}  # the last row of a step
-    steps = [rl[k] for k in sorted(rl)]
+    steps = last_process([r for r in rows if r["phase"] == "rl"])
     evals = [r for r in rows if r["phase"] == "eval"]
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     per_step = cfg["rl"]["prompts_per_step"] * cfg["rl"]["samples_per_prompt"]
-    # wall time from the end of the first step to the end of the last: steady state, no start-up
+    # wall time from the end of the first step to the end of the last (of the last process): steady
+    # state, no start-up
     wall = steps[-1]["time"] - steps[0]["time"]
     hist = Counter(int(r.get("async/staleness", 0)) for r in steps)
     return {
