@@ -59,8 +59,10 @@ def test_base_recipe_is_merged_under_the_file(tmp_path):
     cfg = load(Toy, str(child), ["train.micro_batch_size=5"])
     assert (cfg.name, cfg.train.micro_batch_size) == ("c", 5)
     nft = load_dict("shapes_nft")
+    stop = {"metric": "geneval/relation", "at_least": 0.45, "every": 100, "min_steps": 1000}
+    stop |= {"num_prompts": 64, "samples_per_prompt": 2}
     flow = load_dict("shapes_flowgrpo")
-    assert nft["model"] == flow["model"] and nft["sft"] == {**flow["sft"], "steps": 1600}
+    assert nft["model"] == flow["model"] and nft["sft"] == {**flow["sft"], "steps": 2400, "stop": stop}
     assert nft["data"] == {**flow["data"], "sft_caption_noise": 0.3}  # merged node by node
     assert nft["rl"]["algorithm"] == {"kind": "diffusion_nft", "timesteps_per_sample": 2, "kl_coef": 1.0}
     assert nft["sampling"]["sde_strategy"] == "ode" and "base" not in nft

@@ -6,8 +6,9 @@ import numpy as np
 from PIL import Image
 
 from unirl.apps.plots import plot_eval_curve, plot_metrics, running_mean, sample_grid
-from unirl.apps.report import write_report
+from unirl.apps.report import sft_stop_lines, write_report
 from unirl.apps.run_dir import RunDir, read_metrics
+from unirl.apps.trainers.phases import SFTStopConfig
 
 
 def test_run_dir_logs_jsonl_and_tensorboard(tmp_path):
@@ -146,3 +147,25 @@ def test_run_state_roundtrips_through_json_with_the_global_rngs(tmp_path):
     restore(dst, json.loads(json.dumps(capture(src), sort_keys=True)))
     assert list(dst.evals) == ["init", "sft", "rl@2", "rl@3"] and dst.eval_steps["rl@3"] == 3
     assert dst.grids == ["samples/rl@3.png"] and (tmp_path / "samples" / "rl@3.png").is_file()
+
+
+def test_report_says_where_sft_stopped_and_why(tmp_path):
+    """`sft.stop`: the report names the step, the probe's value against the level and the probe size;
+    a run whose probes never reached the level says it ran to its step limit, with the best probe."""
+    stop = SFTStopConfig(metric="geneval/relation", at_least=0.45, every=100, min_steps=1000, num_prompts=64)
+    rows = [
+        {"phase": "sft_probe", "step": s, "probe_geneval/relation": v} for s, v in [(1000, 0.2), (1100, 0.38)]
+    ]
+    assert sft_stop_lines(rows, stop)[2] == (
+        "- SFT ran to its step limit: geneval/relation stayed below 0.45 on 64 training prompts x 2 "
+        "(best 0.380 at step 1100, 2 probes)"
+    )
+    rows.append({"phase": "sft_probe", "step": 1200, "probe_geneval/relation": 0.5})
+    text = write_report(
+        tmp_path, title="t", recipe="r", evals={}, timings={}, rows=rows, sft_stop=stop
+    ).read_text()
+    assert (
+        "- SFT ended at step 1200: geneval/relation 0.500 >= 0.45 on 64 training prompts x 2 (3 probes from step 1000)"
+        in text
+    )
+    assert sft_stop_lines(rows, None) == [] and sft_stop_lines([], stop) == []

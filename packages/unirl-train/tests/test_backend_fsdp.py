@@ -125,6 +125,24 @@ def test_frozen_copy_reference_is_the_initial_policy() -> None:
         assert b.module(x).item() == pytest.approx(0.9, abs=1e-6)
 
 
+def test_swapped_weights_are_read_when_forwards_keep_the_gathered_copy() -> None:
+    """`reshard_after_forward: false` keeps each unit's gathered copy after a forward; the reference
+    and EMA swaps write the sharded parameters, so the copy must be dropped around them (it was not:
+    the reference forward read the policy, a KL of the policy to itself, found on the shapes world)."""
+    b = linear_backend(reference="frozen_copy", ema=EMAConfig(decay=0.75), reshard_after_forward=False)
+    backward_xy(b)
+    b.step()  # w: [1, -1] -> [0.9, -1.1]; reference [1, -1]; ema 0.975 on x = [1, 0]
+    x = torch.tensor([[1.0, 0.0]])
+    with torch.no_grad():
+        assert b.module(x).item() == pytest.approx(0.9, abs=1e-6)  # the policy forward keeps its copy
+        with b.reference_weights():
+            assert b.module(x).item() == pytest.approx(1.0)
+        assert b.module(x).item() == pytest.approx(0.9, abs=1e-6)
+        with b.ema_weights():
+            assert b.module(x).item() == pytest.approx(0.975, abs=1e-6)
+        assert b.module(x).item() == pytest.approx(0.9, abs=1e-6)
+
+
 @pytest.mark.parametrize("fmt", ["full", "sharded"])
 def test_snapshot_reference_retakes_the_copy_and_checkpoints_keep_it(tmp_path, fmt: str) -> None:
     from unirl.train import checkpoint as ckpt

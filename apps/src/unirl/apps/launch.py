@@ -99,6 +99,7 @@ def run_trainer(
             images=list(dict.fromkeys(trainer.grids)),  # an evaluation run again saves the same file
             notes=["stopped early by the user (checkpoint saved)"] if stop.stop else None,
             rows=rows,
+            sft_stop=recipe.sft.stop if recipe.sft is not None else None,
         )
         log.info("report: %s", report)
     finally:

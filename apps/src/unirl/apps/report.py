@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from unirl.apps.evalstats import is_baseline, paired_bootstrap
+from unirl.apps.trainers.phases import SFTStopConfig
 
 
 def _fmt(x: float | None) -> str:
@@ -142,6 +143,28 @@ def async_lines(rows: list[dict[str, Any]]) -> list[str]:
     return [*out, ""]
 
 
+def sft_stop_lines(rows: list[dict[str, Any]], stop: SFTStopConfig | None) -> list[str]:
+    """Where SFT ended under ``sft.stop``: the probe that reached the level, or, when none did, the
+    best probe before SFT ran to ``sft.steps``."""
+    probes = [r for r in rows if r.get("phase") == "sft_probe"]
+    if stop is None or not probes:
+        return []
+    key, size = f"probe_{stop.metric}", f"{stop.num_prompts} training prompts x {stop.samples_per_prompt}"
+    last = probes[-1]
+    if last.get(key, float("-inf")) >= stop.at_least:
+        line = (
+            f"SFT ended at step {last['step']}: {stop.metric} {last[key]:.3f} >= {stop.at_least} on {size} "
+            f"({len(probes)} probes from step {probes[0]['step']})"
+        )
+    else:
+        best = max(probes, key=lambda r: float(r.get(key, float("-inf"))))
+        line = (
+            f"SFT ran to its step limit: {stop.metric} stayed below {stop.at_least} on {size} "
+            f"(best {best.get(key, float('nan')):.3f} at step {best['step']}, {len(probes)} probes)"
+        )
+    return ["## SFT", "", f"- {line}", ""]
+
+
 def write_report(
     run_dir: str | Path,
     *,
@@ -153,6 +176,7 @@ def write_report(
     images: list[str] | None = None,
     outcomes: dict[str, dict[str, list[float]]] | None = None,
     rows: list[dict[str, Any]] | None = None,
+    sft_stop: SFTStopConfig | None = None,
 ) -> Path:
     """``evals`` maps a stage name ("init", "sft", "rl@N", "rl") to its held-out metrics, in run
     order; ``outcomes`` (same names) holds each evaluation's per-prompt, per-sample successes for
@@ -171,6 +195,7 @@ def write_report(
             lines.append(f"| {stage} | " + " | ".join(_fmt(m.get(k)) for k in keys) + " |")
         gain = gain_lines(evals, outcomes)
         lines += [*([""] if gain else []), *gain, ""]
+    lines += sft_stop_lines(rows or [], sft_stop)
     lines += async_lines(rows or [])
     if timings:
         total = sum(timings.values())

@@ -160,7 +160,29 @@ class FSDPBackend(OptimizedBackend):
         """Context in which `module` is the frozen reference policy (for KL terms)."""
         if self.config.reference == "lora_base":
             return lora_disabled(self.module)
-        return self._frozen_copy_weights()
+        return self._resharded_around(self._frozen_copy_weights())
+
+    def ema_weights(self) -> AbstractContextManager[None]:
+        """Context with the EMA weights swapped into `module` (EMA rollout, DiffusionNFT's old policy)."""
+        return self._resharded_around(super().ema_weights())
+
+    @contextlib.contextmanager
+    def _resharded_around(self, swap: AbstractContextManager[None]) -> Iterator[None]:
+        """A swap writes the sharded parameters; with `reshard_after_forward: false` a forward leaves
+        each unit's unsharded copy in place, and later forwards would read those stale copies (the
+        policy's weights under the reference's name: a KL of the policy to itself). So every unit
+        drops its copy before the swap and after it; the next forward gathers what is current."""
+        from torch.distributed.fsdp import FSDPModule
+
+        units = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
+        for m in units:
+            m.reshard()
+        try:
+            with swap:
+                yield
+        finally:
+            for m in units:
+                m.reshard()
 
     def full_state_dict(self, merge_lora: bool = True) -> dict[str, torch.Tensor]:
         """Full CPU weights (on rank 0; other ranks get {}); LoRA merged into base keys by default."""
