@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,9 @@ from unirl.train.lora import (
 )
 from unirl.train.optim import AdamWConfig, ConstantSchedule, ScheduleConfig
 from unirl.train.precision import PrecisionConfig
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 
 class FSDPConfig(BaseModel):
@@ -137,15 +140,19 @@ class FSDPBackend(OptimizedBackend):
         return t.cpu().tolist()
 
     # -- weight views ---------------------------------------------------------------------
+    def _units(self) -> list[FSDPModule]:
+        """Every module that `fully_shard` wrapped (each gathers and reshards on its own)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        return [m for m in self.module.modules() if isinstance(m, FSDPModule)]
+
     @contextlib.contextmanager
     def gathered(self) -> Iterator[None]:
         """Context in which every FSDP unit stays unsharded (gathered once, in the compute dtype)
         instead of all-gathering on each forward: for trainside sampling, where one rollout runs
         hundreds of forwards (decode steps, denoising steps) on unchanged weights. Costs the
         memory of the full compute-dtype weights; no gradients may be taken inside."""
-        from torch.distributed.fsdp import FSDPModule
-
-        units = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
+        units = self._units()
         for m in units:
             m.set_reshard_after_forward(False, recurse=False)
             m.unshard()
@@ -172,9 +179,7 @@ class FSDPBackend(OptimizedBackend):
         each unit's unsharded copy in place, and later forwards would read those stale copies (the
         policy's weights under the reference's name: a KL of the policy to itself). So every unit
         drops its copy before the swap and after it; the next forward gathers what is current."""
-        from torch.distributed.fsdp import FSDPModule
-
-        units = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
+        units = self._units()
         for m in units:
             m.reshard()
         try:
