@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import statistics
 import time
@@ -126,6 +127,20 @@ def random_advantages(samples: list[Sample], seed: int) -> list:
     return parts
 
 
+H200_BF16_PEAK = 989e12  # dense bf16 FLOP/s (datasheet; H100 SXM the same)
+
+
+def model_flops(model: torch.nn.Module, n_seq: int, prompt: int, new: int) -> float:
+    """Forward + backward FLOPs of one train step over ``n_seq`` sequences (6 x weights x tokens for
+    the layers and the LM head over the response positions, plus causal attention)."""
+    cfg = model.config
+    n_layers = sum(p.numel() for p in model.model.layers.parameters()) + model.model.norm.weight.numel()
+    S, T = prompt + new, new
+    dense = 6 * n_layers * n_seq * S + 6 * cfg.vocab_size * cfg.hidden_size * n_seq * (T + 1)
+    attn = 12 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * n_seq * S**2
+    return float(dense + attn)
+
+
 # Wall time of each decode loop call (the rest of gen_s: prompts, prefill setup, texts).
 DECODE_S: list[float] = []
 
@@ -165,6 +180,7 @@ def one_step(args, bundle, backend, pipe, engine, step: int, prof=contextlib.nul
     sync()
     t2 = time.perf_counter()
     tokens = sum(len(p.segment.response_ids) for p in parts)
+    flops = model_flops(bundle.model, len(parts), args.prompt_tokens, args.new_tokens)
     return {
         "gen_s": t1 - t0,
         "decode_s": sum(DECODE_S),
@@ -172,6 +188,7 @@ def one_step(args, bundle, backend, pipe, engine, step: int, prof=contextlib.nul
         "step_s": t2 - t0,
         "tokens": tokens,
         "tokens_per_s": tokens / (t1 - t0),
+        "train_mfu": flops / (t2 - t1) / H200_BF16_PEAK,
         "ratio_dev": max(abs(metrics["ratio_max"] - 1), abs(1 - metrics["ratio_min"])),
         "optimizer_steps": metrics["num_optimizer_steps"],
     }
@@ -234,6 +251,10 @@ def main() -> None:
     ap.add_argument(
         "--reshard", action="store_true", help="FSDP reshard_after_forward (re-gather for backward)"
     )
+    ap.add_argument(
+        "--gc-between-steps", action="store_true",
+        help="Python's cyclic GC off inside a step, one collection between steps (is GC the step-time spread?)",
+    )  # fmt: skip
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     apply_tiny(args)
@@ -248,7 +269,12 @@ def main() -> None:
         engine = TrainsideEngine(pipe, weight_version=lambda: backend.global_step)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        runs = [one_step(args, bundle, backend, pipe, engine, k) for k in range(args.warmup + args.steps)]
+        runs = []
+        for k in range(args.warmup + args.steps):
+            if args.gc_between_steps:
+                gc.enable(), gc.collect(), gc.disable()
+            runs.append(one_step(args, bundle, backend, pipe, engine, k))
+        gc.enable()
         timed = runs[args.warmup :]
         res = {k: statistics.median(r[k] for r in timed) for k in timed[0]}
         res["ratio_dev"] = max(r["ratio_dev"] for r in runs)
@@ -257,6 +283,11 @@ def main() -> None:
             max(r["step_s"] for r in timed),
         )
         res["first_gen_s"] = runs[0]["gen_s"]  # includes one-off costs (compile, graph capture)
+        res["steps"] = [{k: r[k] for k in ("gen_s", "decode_s", "train_s", "step_s")} for r in timed]
+        for k, r in enumerate(timed):  # each timed step's phases: where a slow step spends its time
+            print(
+                f"{dec} step {k}: gen {r['gen_s']:.3f} s (decode {r['decode_s']:.3f}), train {r['train_s']:.3f} s"
+            )
         res["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
         results[dec] = res
         assert res["tokens"] == args.prompts * args.group * args.new_tokens, res
@@ -264,10 +295,11 @@ def main() -> None:
         one_step(args, bundle, backend, pipe, engine, args.warmup + args.steps, prof=profiled)
     base = results[args.decoders[0]]
     print(f"{'decoder':<8} {'gen s':>7} {'decode s':>8} {'train s':>8} {'step s':>7} {'tok/s':>9} {'peak GiB':>9} "
-          f"{'step range':>13} {'ratio dev':>10} {'step vs ' + args.decoders[0]:>14}")  # fmt: skip
+          f"{'step range':>13} {'ratio dev':>10} {'train MFU':>9} {'step vs ' + args.decoders[0]:>14}")  # fmt: skip
     for dec, r in results.items():
         print(f"{dec:<8} {r['gen_s']:7.3f} {r['decode_s']:8.3f} {r['train_s']:8.3f} {r['step_s']:7.3f} {r['tokens_per_s']:9.0f} "
               f"{r['peak_mem_gib']:9.1f} {r['step_s_min']:6.3f}-{r['step_s_max']:.3f} {r['ratio_dev']:10.2e} "
+              f"{100 * r['train_mfu']:8.1f}% "
               f"{base['step_s'] / r['step_s']:13.2f}x")  # fmt: skip
     if args.json:
         write_json(args.json, args, device, results=results)

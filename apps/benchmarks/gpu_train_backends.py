@@ -45,11 +45,13 @@ import torch
 
 # the script's folder is on sys.path when it runs as a script
 from gpu_grpo_step import (
+    H200_BF16_PEAK,
     add_step_args,
     apply_tiny,
     make_backend,
     make_model,
     make_samples,
+    model_flops,
     profiled,
     random_advantages,
     write_json,
@@ -63,23 +65,11 @@ from unirl.train.precision import PrecisionConfig
 from unirl.train.stack import TrainStack
 from unirl.types import ARSamplingParams
 
-H200_BF16_PEAK = 989e12  # dense bf16 FLOP/s (datasheet)
-
 
 def fingerprint(model: torch.nn.Module) -> float:
     """A float64 checksum of the weights (same seed -> same number)."""
     with torch.no_grad():
         return float(sum((p.double() * (i + 1)).sum() for i, p in enumerate(model.parameters())))
-
-
-def model_flops(model: torch.nn.Module, n_seq: int, prompt: int, new: int) -> float:
-    """Forward + backward FLOPs of one train step over ``n_seq`` sequences (module docstring)."""
-    cfg = model.config
-    n_layers = sum(p.numel() for p in model.model.layers.parameters()) + model.model.norm.weight.numel()
-    S, T = prompt + new, new
-    dense = 6 * n_layers * n_seq * S + 6 * cfg.vocab_size * cfg.hidden_size * n_seq * (T + 1)
-    attn = 12 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * n_seq * S**2
-    return float(dense + attn)
 
 
 def rollout(

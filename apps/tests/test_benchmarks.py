@@ -35,11 +35,15 @@ def test_flow_grpo_step_benchmark_runs_and_is_on_policy() -> None:
 
 @pytest.mark.slow
 def test_grpo_step_benchmark_runs_every_decoder() -> None:
-    table = run("gpu_grpo_step.py", "--decoders", "dynamic", "graph:0", "graph:4").strip().splitlines()
+    out = run("gpu_grpo_step.py", "--decoders", "dynamic", "graph:0", "graph:4").strip().splitlines()
+    table = out[next(i for i, line in enumerate(out) if line.startswith("decoder ")) :]
     rows = {r.split()[0]: r.split() for r in table[1:]}
     assert set(rows) == {"dynamic", "graph:0", "graph:4"}
     for r in rows.values():
-        assert float(r[6]) < 1e-5  # first-update ratio deviation (fp32 on CPU)
+        assert float(r[8]) < 1e-5  # first-update ratio deviation (fp32 on CPU), after the step range
+        assert r[9].endswith("%")  # the train phase's MFU
+    steps = [line for line in out if line.startswith("graph:4 step ")]
+    assert len(steps) == 2 and "train" in steps[0]  # each timed step's phases
 
 
 @pytest.mark.slow

@@ -9,18 +9,22 @@ A scene is 1..``max_objects`` coloured circles / squares, each centred in its ow
   exactly one object of that shape.
 
 Held-out scenes are a fixed set drawn from their own seed; training scenes (RL records and the
-endless SFT stream) never repeat one of them (exact layout and question compared).
+endless SFT stream) never repeat one of them (exact layout and question compared). With
+``sft_answer_noise`` p, each SFT answer is with probability p a random answer of its question's kind
+(a noisy labeller): SFT then samples a wrong answer a fraction of the time on any machine, and only
+the exact-answer reward removes it. RL records and held-out scenes keep their true answers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from unirl.apps.loop import PromptRecord
+from unirl.apps.worlds.caption_noise import mislabel
 from unirl.apps.worlds.shapes import PlacedObject, render
 from unirl.reward.worlds.shapes_spec import PALETTE
 
@@ -62,6 +66,11 @@ class ShapesVQAConfig(BaseModel):
     num_train: int = Field(default=2000, ge=1, description="RL training scenes")
     num_eval: int = Field(default=200, ge=1, description="held-out scenes")
     seed: int = Field(default=0, ge=0, description="seed of the two scene sets")
+    sft_answer_noise: float = Field(
+        default=0.0, ge=0.0, lt=1.0,
+        description="fraction of SFT answers replaced by a random answer of the question's kind "
+        "(mislabelled data); RL and evaluation never see it",
+    )  # fmt: skip
 
     def build(self) -> ShapesVQASource:
         return ShapesVQASource(self)
@@ -143,8 +152,19 @@ class ShapesVQASource:
         return [self._record("h", i, e) for i, e in enumerate(self._held)]
 
     def sft_records(self, n: int, *, seed: int, step: int) -> list[PromptRecord]:
-        """``n`` fresh training examples for SFT step ``step`` (never a held-out scene)."""
-        return [
-            self._record(f"s{step}-", i, e)
-            for i, e in enumerate(self._fresh(n, [self.cfg.seed, 2, seed, step]))
-        ]
+        """``n`` fresh training examples for SFT step ``step`` (never a held-out scene), each answer
+        mislabelled with probability ``sft_answer_noise`` (a draw from its kind's answers)."""
+        examples = self._fresh(n, [self.cfg.seed, 2, seed, step])
+        pools = {"count": [str(k) for k in range(self.cfg.max_objects + 1)], "colour": list(COLOURS)}
+        for j, (kind, pool) in enumerate(pools.items()):
+            idx = [i for i, e in enumerate(examples) if e.kind == kind]
+            noisy = mislabel(
+                [examples[i].answer for i in idx],
+                pool,
+                self.cfg.sft_answer_noise,
+                seed=seed,
+                step=2 * step + j,
+            )
+            for i, a in zip(idx, noisy, strict=True):
+                examples[i] = replace(examples[i], answer=a)
+        return [self._record(f"s{step}-", i, e) for i, e in enumerate(examples)]
