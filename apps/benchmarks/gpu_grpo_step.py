@@ -272,7 +272,8 @@ def main() -> None:
         runs = []
         for k in range(args.warmup + args.steps):
             if args.gc_between_steps:
-                gc.enable(), gc.collect(), gc.disable()
+                gc.collect()
+                gc.disable()
             runs.append(one_step(args, bundle, backend, pipe, engine, k))
         gc.enable()
         timed = runs[args.warmup :]

@@ -1,9 +1,12 @@
-"""Shared fixtures of the apps tests: a small local Ray cluster, and rollouts sampled in-process."""
+"""Shared fixtures of the apps tests: a small local Ray cluster, rollouts sampled in-process, and a
+finished run's held-out evaluation outcomes."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,3 +57,15 @@ def sample_rl_batches(recipe: Any, n: int) -> list[list[Any]]:
 def rl_batches() -> Callable[[Any, int], list[list[Any]]]:
     """``sample_rl_batches`` (test modules cannot import each other under importlib mode)."""
     return sample_rl_batches
+
+
+def read_eval_outcomes(run: Path) -> dict[str, dict[str, list[float]]]:
+    """Each evaluation's per-prompt, per-sample successes, as the run's last checkpoint holds them."""
+    extra = json.loads((run / "checkpoints" / "latest" / "extra.json").read_text())
+    return {e["name"]: {str(p): list(v) for p, v in e["outcomes"]} for e in extra["report"]["evals"]}
+
+
+@pytest.fixture
+def eval_outcomes() -> Callable[[Path], dict[str, dict[str, list[float]]]]:
+    """``read_eval_outcomes`` (test modules cannot import each other under importlib mode)."""
+    return read_eval_outcomes

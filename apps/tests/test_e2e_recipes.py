@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -184,14 +185,8 @@ def test_shapes_nft_default_short_run_learns(tmp_path: Path, shapes_sft: Path) -
     assert (run / "samples" / "rl.png").exists() and (run / "samples" / "sft.png").exists()
 
 
-def _eval_outcomes(run: Path) -> dict[str, dict[str, list[float]]]:
-    """Each evaluation's per-prompt, per-sample successes, as the run's last checkpoint holds them."""
-    extra = json.loads((run / "checkpoints" / "latest" / "extra.json").read_text())
-    return {e["name"]: {str(p): list(v) for p, v in e["outcomes"]} for e in extra["report"]["evals"]}
-
-
 @pytest.mark.slow
-def test_shapes_nft_rl_gain_beyond_noise_on_two_seeds(tmp_path: Path) -> None:
+def test_shapes_nft_rl_gain_beyond_noise_on_two_seeds(tmp_path: Path, eval_outcomes: Any) -> None:
     """Issue 17: what a newcomer's first command promises, shortened. The default recipe (its caption
     noise included) on seeds 0 and 1; RL's held-out accuracy over the SFT policy, pooled over the 2 x 24
     (seed, caption) pairs, has a paired-bootstrap 95% interval above 0: a gain beyond the evaluation's
@@ -201,7 +196,7 @@ def test_shapes_nft_rl_gain_beyond_noise_on_two_seeds(tmp_path: Path) -> None:
     for seed in (0, 1):
         run = _run(tmp_path / f"s{seed}", "shapes_nft", *RL_GAIN_SHORT, f"seed={seed}", "threads=2")
         assert "95% interval" in (run / "report.md").read_text()
-        ev = _eval_outcomes(run)
+        ev = eval_outcomes(run)
         before.update({f"s{seed}/{p}": v for p, v in ev["sft"].items()})
         after.update({f"s{seed}/{p}": v for p, v in ev["rl"].items()})
     gain, lo, hi = paired_bootstrap(before, after)
@@ -229,12 +224,12 @@ def test_shapes_flowgrpo_short_run_learns(tmp_path: Path, shapes_sft: Path) -> N
 
 
 @pytest.mark.slow
-def test_shapes_pe_rl_enhancer_beats_sft_and_unenhanced(tmp_path: Path) -> None:
+def test_shapes_pe_rl_enhancer_beats_sft_and_unenhanced(tmp_path: Path, eval_outcomes: Any) -> None:
     """Issue 20: RL on the enhancer (renderer frozen) raises held-out checker accuracy over the SFT
     enhancer and over the renderer fed the raw user prompts, each by a paired-bootstrap 95% interval
     above 0 over the 36 held-out prompts x 4 sampled rewrites."""
     run = _run(tmp_path, "shapes_pe", *PE_SHORT, "threads=2")
-    ev = _eval_outcomes(run)
+    ev = eval_outcomes(run)
     for base in ("sft", "sft_unenhanced"):
         gain, lo, hi = paired_bootstrap(ev[base], ev["rl"])
         assert len(ev[base]) == 36 and lo > 0.0, (

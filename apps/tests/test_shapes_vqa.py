@@ -3,8 +3,8 @@ image inputs on the Samples, and (slow) a shortened SFT -> GRPO run whose held-o
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -91,7 +91,7 @@ VQA_SHORT = (
 
 
 @pytest.mark.slow
-def test_shapes_vqa_grpo_short_run_learns(tmp_path: Path) -> None:
+def test_shapes_vqa_grpo_short_run_learns(tmp_path: Path, eval_outcomes: Any) -> None:
     """A shortened shapes_vqa_grpo: SFT on noisy answers reads the image, then GRPO raises held-out
     per-sample accuracy (100 scenes x 4 sampled answers) by a paired-bootstrap 95% interval above 0."""
     from unirl.apps import cli
@@ -99,8 +99,7 @@ def test_shapes_vqa_grpo_short_run_learns(tmp_path: Path) -> None:
 
     run = tmp_path / "run"
     assert cli.main(["train", "--run-dir", str(run), "shapes_vqa_grpo", *VQA_SHORT]) == 0
-    extra = json.loads((run / "checkpoints" / "latest" / "extra.json").read_text())
-    ev = {e["name"]: {str(p): list(v) for p, v in e["outcomes"]} for e in extra["report"]["evals"]}
+    ev = eval_outcomes(run)
     gain, lo, hi = paired_bootstrap(ev["sft"], ev["rl"])
     sft_acc = sum(map(sum, ev["sft"].values())) / sum(map(len, ev["sft"].values()))
     print(f"held-out accuracy: sft {sft_acc:.3f}, RL gain {gain:+.3f} ({lo:+.3f} to {hi:+.3f})")
