@@ -88,6 +88,12 @@ def main() -> int:
             for s in seeds_of(args.seeds)
         ]
         launch(sft, args.jobs, args.timeout)
+        failed = [rd for _, _, rd, _ in sft if not rd.is_dir()]
+        if failed:
+            raise SystemExit(
+                "shared SFT produced no run directory (see its log): "
+                + ", ".join(str(rd.with_suffix(".log")) for rd in failed)
+            )
         for _, s, rd, _ in runs:
             shutil.copytree(args.out / f"sft_s{s}", rd, dirs_exist_ok=True)
     launch(runs, args.jobs, args.timeout)

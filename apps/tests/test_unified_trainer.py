@@ -117,6 +117,27 @@ def test_nft_step_samples_images_with_the_old_policy_and_text_live(tmp_path: Pat
     assert t.engine.engines["ar"].sampling_context is None
 
 
+KL = ["backend.reference=frozen_copy", "rl.ar.algorithm.kl_coef=0.1", "rl.image.algorithm.kl_coef=1.0"]
+
+
+def test_kl_to_the_sft_result_on_both_tracks(tmp_path: Path) -> None:
+    """backend.reference=frozen_copy: RL's start (the SFT result) is both tracks' reference. On the
+    first step the policy is the reference (both penalties exactly 0); after an update they are not."""
+    t = trainer(tmp_path, KL)
+    t.begin_phase("sft")(t.sft_parts(4, step=0))  # move off the init weights the backend snapshotted
+    train = t.begin_phase("rl", starting=True)
+    samples, _ = t.collect(t.cfg.rl, t.data.train_records(), 0)
+    m = train(t.train_parts(samples))
+    assert m["ar/kl"] == pytest.approx(0.0, abs=1e-7) and m["image/kl"] == pytest.approx(0.0, abs=1e-10)
+    samples, _ = t.collect(t.cfg.rl, t.data.train_records(), 1)
+    m = train(t.train_parts(samples))
+    assert m["ar/kl"] > 1e-9 and m["image/kl"] > 1e-12
+    with pytest.raises(
+        RecipeError, match=r"rl.image.algorithm.kl_coef=1.0 needs a reference policy.*frozen_copy"
+    ):
+        validate(Recipe, load_dict("shapes_unified", ["rl.image.algorithm.kl_coef=1.0"]))
+
+
 SHORT = ["device=cuda", "threads=2", "sft.steps=150", "rl.steps=12", "eval.num_prompts=36",
          "eval.samples_per_prompt=4", "eval.every=0", "eval.grid_size=0"]  # fmt: skip
 

@@ -36,7 +36,14 @@ from unirl.reward.service import RewardService
 from unirl.rollout.engines import TrainsideEngine
 from unirl.rollout.engines.composed import ComposedEngine
 from unirl.rollout.unified import TinyUnifiedBundle, UnifiedImagePipeline, UnifiedTextPipeline
-from unirl.train.algorithms import AlgorithmConfig, DrawsOwnRNG, StageAlgorithm, UsesOldPolicy
+from unirl.train.algorithms import (
+    AlgorithmConfig,
+    ContextReference,
+    DrawsOwnRNG,
+    StageAlgorithm,
+    UsesOldPolicy,
+    UsesReference,
+)
 from unirl.train.geometry import BatchGeometry
 from unirl.train.unified_stack import Track, UnifiedModelTrainStack
 from unirl.types import (
@@ -209,18 +216,22 @@ class UnifiedTrainer(Trainer):
             raise ValueError("UnifiedTrainer.begin_phase('rl'): the recipe has no `rl`")
         if starting and phase.reset_optimizer:
             self.backend.reset_optimizer()
+        if starting and self.cfg.backend.reference == "frozen_copy":
+            self.backend.snapshot_reference()  # both tracks' KL / drift reference: the SFT result
         if starting and self.nft:
             self.backend.restart_ema()  # NFT's old policy starts at the SFT result
         apply_phase_lr(self.backend, phase, self.rl_step)
         algs = self.track_algorithms("rl")
-        tracks = [
-            Track(n, algs[n], pipe, t.weight)
-            for n, t, pipe in ((AR, phase.ar, self.text_pipeline), (IMAGE, phase.image, self.pipeline))
-            if t is not None
-        ]
-        for t in tracks:
-            if isinstance(t.algorithm, UsesOldPolicy):  # DiffusionNFT: the EMA is its old policy
-                t.algorithm.set_old_policy(self.backend.ema_weights)
+        tracks = []
+        for n, cfg, pipe in ((AR, phase.ar, self.text_pipeline), (IMAGE, phase.image, self.pipeline)):
+            if cfg is None:
+                continue
+            alg = algs[n]
+            if isinstance(alg, UsesReference) and cfg.algorithm.needs_reference:  # KL / drift penalty
+                alg.set_reference(ContextReference(pipe, self.backend.reference_weights))
+            if isinstance(alg, UsesOldPolicy):  # DiffusionNFT: the EMA is its old policy
+                alg.set_old_policy(self.backend.ema_weights)
+            tracks.append(Track(n, alg, pipe, cfg.weight))
         self.rl_tracks = [t.name for t in tracks]
         return UnifiedModelTrainStack(self.backend, tracks, phase.geometry).train_on
 

@@ -114,11 +114,6 @@ class UnifiedRLPhase(LifecycleFields):
                 "rl.buffer.partial_rollouts=true: the unified trainer's text track is not continued across "
                 "weight versions (the plan conditions the image); set rl.buffer.partial_rollouts=false"
             )
-        for name, track in (("ar", self.ar), ("image", self.image)):
-            if track is not None and track.algorithm.needs_reference:
-                raise ValueError(
-                    f"rl.{name}.algorithm.kl_coef: the unified trainer has no reference policy yet"
-                )
         return self
 
 
@@ -159,6 +154,13 @@ class Recipe(RunSettings):
             raise ValueError("sft.stop is not supported by the unified trainer yet; give sft.steps")
         if self.checkpoint_format != "full":
             raise ValueError("checkpoint_format='sharded' is not supported by the unified trainer yet")
+        for name, track in (("ar", self.rl.ar), ("image", self.rl.image)) if self.rl is not None else ():
+            kl = track.algorithm.kl_weight if track is not None else 0.0
+            if kl and self.backend.reference == "none":
+                raise ValueError(
+                    f"rl.{name}.algorithm.kl_coef={kl} needs a reference policy, but backend.reference='none': "
+                    "set backend.reference=frozen_copy (the SFT result RL starts from) or lora_base, or kl_coef=0"
+                )
         alg = self.rl.image.algorithm if self.rl is not None and self.rl.image is not None else None
         if isinstance(alg, DiffusionNFTConfig):
             # NFT's old policy is the backend's EMA: the image track samples (ODE) with it, the text
