@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
 import statistics
 import time
@@ -34,6 +33,7 @@ from unirl.train.geometry import BatchGeometry
 from unirl.train.optim import AdamWConfig
 from unirl.train.precision import PrecisionConfig
 from unirl.train.stack import TrainStack
+from unirl.train.step_gc import manual_gc
 from unirl.types import ARSamplingParams, Sample, TextPrimitive, compute_advantages
 
 QWEN3_0_6B = dict(
@@ -252,8 +252,9 @@ def main() -> None:
         "--reshard", action="store_true", help="FSDP reshard_after_forward (re-gather for backward)"
     )
     ap.add_argument(
-        "--gc-between-steps", action="store_true",
-        help="Python's cyclic GC off inside a step, one collection between steps (is GC the step-time spread?)",
+        "--auto-gc", action="store_true",
+        help="CPython's automatic cyclic GC inside the steps (the recipes' manual_gc=false); default: "
+        "collected between steps, as the trainers do (unirl.train.step_gc)",
     )  # fmt: skip
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -270,12 +271,10 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         runs = []
-        for k in range(args.warmup + args.steps):
-            if args.gc_between_steps:
-                gc.collect()
-                gc.disable()
-            runs.append(one_step(args, bundle, backend, pipe, engine, k))
-        gc.enable()
+        with manual_gc(not args.auto_gc) as collect:
+            for k in range(args.warmup + args.steps):
+                collect()
+                runs.append(one_step(args, bundle, backend, pipe, engine, k))
         timed = runs[args.warmup :]
         res = {k: statistics.median(r[k] for r in timed) for k in timed[0]}
         res["ratio_dev"] = max(r["ratio_dev"] for r in runs)

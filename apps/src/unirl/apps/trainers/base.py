@@ -42,6 +42,7 @@ from unirl.train.algorithms import DrawsOwnRNG, StageAlgorithm
 from unirl.train.checkpoint import Checkpointable, CheckpointFormat, load_checkpoint, save_checkpoint
 from unirl.train.geometry import BatchGeometry
 from unirl.train.stack import TrainStack
+from unirl.train.step_gc import manual_gc
 from unirl.types import Part, Sample, compute_sample_advantages
 from unirl.types.faults import fault_point
 
@@ -207,8 +208,12 @@ class Trainer(Evaluation):
         phase = sft_phase(self.cfg)
         train = self.begin_phase("sft")
         t0 = time.time()
-        with PhaseProgress("sft", phase.steps - self.sft_step) as bar:
+        with (
+            PhaseProgress("sft", phase.steps - self.sft_step) as bar,
+            manual_gc(self.cfg.manual_gc) as collect,
+        ):
             while self.sft_step < phase.steps and not stop.stop:
+                collect()
                 step = self.sft_step
                 m = train(self.sft_parts(phase.batch_size, step))
                 fault_point("sft", step)
@@ -259,8 +264,12 @@ class Trainer(Evaluation):
             self.async_source = AsyncSource(self, phase, train, self.async_state, self.rollout_side())
         t0 = time.time()
         try:
-            with PhaseProgress("rl", phase.steps - self.rl_step) as bar:
+            with (
+                PhaseProgress("rl", phase.steps - self.rl_step) as bar,
+                manual_gc(self.cfg.manual_gc) as collect,
+            ):
                 while self.rl_step < phase.steps and not stop.stop:
+                    collect()
                     step = self.rl_step
                     src = self.async_source
                     samples, extra = src.next(step) if src else self.collect(phase, train, step)

@@ -48,6 +48,7 @@ from unirl.train.algorithms import ContextReference, DrawsOwnRNG, StageAlgorithm
 from unirl.train.checkpoint import CheckpointFormat
 from unirl.train.geometry import BatchGeometry
 from unirl.train.stack import TrainStack
+from unirl.train.step_gc import manual_gc
 from unirl.types import (
     ARSamplingParams,
     LatentTrajectory,
@@ -164,8 +165,12 @@ class PETrainer(Trainer):
                 micro_batch_size=min(phase.micro_batch_size or phase.batch_size, phase.batch_size)
             )
             stack = TrainStack(side.backend, self.sft_side_algorithm(name), side.pipeline, geometry)
-            with PhaseProgress(f"sft {name}", end - self.sft_step) as bar:
+            with (
+                PhaseProgress(f"sft {name}", end - self.sft_step) as bar,
+                manual_gc(self.cfg.manual_gc) as collect,
+            ):
                 while self.sft_step < end and not stop.stop:
+                    collect()
                     parts = self.sft_parts_of(name, phase.batch_size, self.sft_step - start)
                     m = stack.train_on(parts)
                     fault_point("sft", self.sft_step)

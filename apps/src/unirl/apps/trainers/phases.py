@@ -171,6 +171,12 @@ class RunSettings(BaseModel):
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, ge=1, description="torch CPU threads (None = torch default)")
+    manual_gc: bool = Field(
+        default=True,
+        description="Python's cyclic GC between SFT / RL steps instead of inside them (what exists when a "
+        "phase starts is frozen out of it): a collection inside a step walks the whole process "
+        "(unirl.train.step_gc); false: CPython's automatic collection",
+    )
     checkpoint_every: int = Field(default=0, ge=0, description="RL steps between checkpoints (0 = end only)")
     checkpoint_format: Literal["full", "sharded"] = Field(
         default="full",
