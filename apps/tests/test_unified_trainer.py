@@ -136,31 +136,3 @@ def test_kl_to_the_sft_result_on_both_tracks(tmp_path: Path) -> None:
         RecipeError, match=r"rl.image.algorithm.kl_coef=1.0 needs a reference policy.*frozen_copy"
     ):
         validate(Recipe, load_dict("shapes_unified", ["rl.image.algorithm.kl_coef=1.0"]))
-
-
-SHORT = ["device=cuda", "threads=2", "sft.steps=150", "rl.steps=12", "eval.num_prompts=36",
-         "eval.samples_per_prompt=4", "eval.every=0", "eval.grid_size=0"]  # fmt: skip
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_shortened_recipe_rl_beats_sft(tmp_path: Path) -> None:
-    """shapes_unified shortened (150 SFT steps, 12 RL steps): the held-out checker reward (dense
-    score against the ORIGINAL prompt, 36 prompts x 4 samples) after RL beats the SFT policy's by
-    more than 3 standard errors of the difference (per-sample std / sqrt(n), both evaluations).
-
-    A GPU test: on CPU this shortened run costs ~6 CPU-minutes (over the slow tier's 60 s); the CPU
-    evidence is the full recipe's 3-seed table in docs/benchmarks.md."""
-    from unirl.apps.loop import StopFlag
-
-    recipe = validate(Recipe, load_dict("shapes_unified", SHORT))
-    t = UnifiedTrainer(recipe, RunDir(tmp_path / "run", recipe.model_dump(mode="json"), tensorboard=False))
-    stop = StopFlag()
-    t.sft(stop)
-    sft = t.sample_prompts(t.data.eval_records()[:36], 4, t.eval_params())
-    r_sft = np.array([r.total for r in t.reward.score_samples(sft, "image")])
-    t.rl(stop)
-    rl = t.sample_prompts(t.data.eval_records()[:36], 4, t.eval_params())
-    r_rl = np.array([r.total for r in t.reward.score_samples(rl, "image")])
-    se = math.sqrt(r_sft.var() / len(r_sft) + r_rl.var() / len(r_rl))
-    assert r_rl.mean() - r_sft.mean() > 3 * se, (r_sft.mean(), r_rl.mean(), se)
