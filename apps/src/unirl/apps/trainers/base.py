@@ -148,11 +148,10 @@ class Trainer(Evaluation):
         """The TrainStack of phase ``name`` ("sft" or "rl"), with the phase's learning rate set.
 
         ``dp_size``: data-parallel ranks sharing each batch (SFT micro-batches are per rank).
-        ``starting``: the phase starts here (not resumed mid-way). RL then drops the optimizer
-        state (``rl.reset_optimizer``) and, with ``backend.reference=frozen_copy``, takes the
-        policy it starts from (the SFT result) as its KL reference; with ``backend.ema`` its EMA
-        restarts there, decay ramp included (DiffusionNFT's old policy starts on-policy). A resumed
-        RL phase keeps all three from its checkpoint."""
+        ``starting``: the phase starts here (not resumed mid-way). RL then drops the optimizer state
+        (``rl.reset_optimizer``) and, with ``backend.reference=frozen_copy``, takes the policy it starts
+        from (the SFT result) as its KL reference; with ``backend.ema`` its EMA restarts there, decay
+        ramp included (DiffusionNFT's old policy starts on-policy). A resumed RL phase keeps all three."""
         if name not in ("sft", "rl"):
             raise ValueError(f"phase={name!r} is not one of 'sft', 'rl'")
         self.stack_phase = name
@@ -208,12 +207,9 @@ class Trainer(Evaluation):
         phase = sft_phase(self.cfg)
         train = self.begin_phase("sft")
         t0 = time.time()
-        with (
-            PhaseProgress("sft", phase.steps - self.sft_step) as bar,
-            manual_gc(self.cfg.manual_gc) as collect,
-        ):
+        with PhaseProgress("sft", phase.steps - self.sft_step) as bar, manual_gc(self.cfg.manual_gc) as gc:
             while self.sft_step < phase.steps and not stop.stop:
-                collect()
+                gc()  # what the last step left (unirl.train.step_gc)
                 step = self.sft_step
                 m = train(self.sft_parts(phase.batch_size, step))
                 fault_point("sft", step)
@@ -264,12 +260,9 @@ class Trainer(Evaluation):
             self.async_source = AsyncSource(self, phase, train, self.async_state, self.rollout_side())
         t0 = time.time()
         try:
-            with (
-                PhaseProgress("rl", phase.steps - self.rl_step) as bar,
-                manual_gc(self.cfg.manual_gc) as collect,
-            ):
+            with PhaseProgress("rl", phase.steps - self.rl_step) as bar, manual_gc(self.cfg.manual_gc) as gc:
                 while self.rl_step < phase.steps and not stop.stop:
-                    collect()
+                    gc()
                     step = self.rl_step
                     src = self.async_source
                     samples, extra = src.next(step) if src else self.collect(phase, train, step)

@@ -167,10 +167,10 @@ class PETrainer(Trainer):
             stack = TrainStack(side.backend, self.sft_side_algorithm(name), side.pipeline, geometry)
             with (
                 PhaseProgress(f"sft {name}", end - self.sft_step) as bar,
-                manual_gc(self.cfg.manual_gc) as collect,
+                manual_gc(self.cfg.manual_gc) as gc,
             ):
                 while self.sft_step < end and not stop.stop:
-                    collect()
+                    gc()
                     parts = self.sft_parts_of(name, phase.batch_size, self.sft_step - start)
                     m = stack.train_on(parts)
                     fault_point("sft", self.sft_step)
