@@ -20,7 +20,14 @@ from unirl.apps.trainers.phases import STRICT, RunSettings
 from unirl.apps.worlds.shapes_paraphrase import ShapesParaphraseDataConfig
 from unirl.reward.config import ServiceConfig
 from unirl.rollout.ar.config import CausalLMConfig
-from unirl.train.algorithms import DRPOConfig, FlowDPPOConfig, FlowGRPOConfig, GRPOConfig, GSPOConfig
+from unirl.train.algorithms import (
+    AlgorithmConfig,
+    DRPOConfig,
+    FlowDPPOConfig,
+    FlowGRPOConfig,
+    GRPOConfig,
+    GSPOConfig,
+)
 from unirl.train.algorithms.flow_grpo import DanceGRPOConfig, MixGRPOConfig
 from unirl.train.backends.config import BackendConfig
 from unirl.train.geometry import BatchGeometry
@@ -115,6 +122,10 @@ class PERLPhase(LifecycleFields):
     def algorithm(self) -> None:
         """None: each stack names its own (``ar.rl.algorithm``, ``diffusion.rl.algorithm``)."""
         return None
+
+    def backend_algorithms(self) -> dict[str, AlgorithmConfig]:
+        """None: each stack has its own backend, against whose reference its KL is checked."""
+        return {}
 
 
 class PESFT:

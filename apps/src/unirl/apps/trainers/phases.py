@@ -52,6 +52,12 @@ class RLPlan(Protocol):
     @property
     def algorithm(self) -> AlgorithmConfig | None: ...
 
+    def backend_algorithms(self) -> dict[str, AlgorithmConfig]:
+        """field path -> each algorithm trained on the recipe's one ``backend`` (its KL needs that
+        backend's reference): ``rl.algorithm``, or the unified trainer's tracks; PE's stacks have
+        their own backends (checked by its validator)."""
+        ...
+
 
 class LRPhase(Protocol):
     """A phase with its own learning rate (``apply_phase_lr``; a ``PhaseLR`` also has a schedule)."""
@@ -150,6 +156,9 @@ class RLPhase(PhaseLR, LifecycleFields):
         self.geometry.check_shard(self.prompts_per_step * self.samples_per_prompt)
         return self
 
+    def backend_algorithms(self) -> dict[str, AlgorithmConfig]:
+        return {"rl.algorithm": self.algorithm}
+
 
 class EvalConfig(BaseModel):
     model_config = STRICT
@@ -215,23 +224,23 @@ class RunSettings(BaseModel):
         sft, rl = self.sft, self.rl
         if sft is None and rl is None:
             raise ValueError("the recipe has neither an `sft` nor an `rl` phase: nothing to run")
-        algorithm = rl.algorithm if rl is not None else None  # None: the unified trainer's tracks
-        kl = algorithm.kl_weight if algorithm is not None else 0.0
         backend = self.backend_config()
         reference = backend.reference if backend is not None else "none"
-        if kl and reference == "none":
-            raise ValueError(
-                f"rl.algorithm.kl_coef={kl} needs a reference policy, but backend.reference='none': set "
-                "backend.reference=frozen_copy (the policy RL starts from) or lora_base, or kl_coef=0"
-            )
         megatron = backend if isinstance(backend, MegatronConfig) else None  # FSDP2: neither TP nor PP
         pp = megatron.pipeline_model_parallel_size if megatron is not None else 1
-        if kl and pp > 1:
-            raise ValueError(
-                f"rl.algorithm.kl_coef={kl} with backend.pipeline_model_parallel_size={pp}: the KL term "
-                "runs a second (reference) model forward inside the loss, which the pipeline schedule "
-                "cannot interleave; use kl_coef: 0 or pipeline_model_parallel_size: 1"
-            )
+        for field, algorithm in (rl.backend_algorithms() if rl is not None else {}).items():
+            kl = algorithm.kl_weight
+            if kl and reference == "none":
+                raise ValueError(
+                    f"{field}.kl_coef={kl} needs a reference policy, but backend.reference='none': set "
+                    "backend.reference=frozen_copy (the policy RL starts from) or lora_base, or kl_coef=0"
+                )
+            if kl and pp > 1:
+                raise ValueError(
+                    f"{field}.kl_coef={kl} with backend.pipeline_model_parallel_size={pp}: the KL term "
+                    "runs a second (reference) model forward inside the loss, which the pipeline schedule "
+                    "cannot interleave; use kl_coef: 0 or pipeline_model_parallel_size: 1"
+                )
         if (
             rl is not None
             and rl.lifecycle == "async"

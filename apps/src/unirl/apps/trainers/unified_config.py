@@ -19,6 +19,7 @@ from unirl.apps.trainers.phases import STRICT, RunSettings, SFTPhaseBase
 from unirl.apps.worlds.shapes_paraphrase import ShapesParaphraseDataConfig
 from unirl.reward.config import ServiceConfig
 from unirl.train.algorithms import (
+    AlgorithmConfig,
     DiffusionNFTConfig,
     DRPOConfig,
     FlowDPPOConfig,
@@ -104,6 +105,11 @@ class UnifiedRLPhase(LifecycleFields):
         """None: each track names its own (``rl.ar.algorithm``, ``rl.image.algorithm``)."""
         return None
 
+    def backend_algorithms(self) -> dict[str, AlgorithmConfig]:
+        """Both tracks train the one backbone: their KLs share ``backend.reference``."""
+        tracks = {"rl.ar.algorithm": self.ar, "rl.image.algorithm": self.image}
+        return {f: t.algorithm for f, t in tracks.items() if t is not None}
+
     @model_validator(mode="after")
     def _tracks(self) -> UnifiedRLPhase:
         self.geometry.check_shard(self.prompts_per_step * self.samples_per_prompt)
@@ -154,13 +160,6 @@ class Recipe(RunSettings):
             raise ValueError("sft.stop is not supported by the unified trainer yet; give sft.steps")
         if self.checkpoint_format != "full":
             raise ValueError("checkpoint_format='sharded' is not supported by the unified trainer yet")
-        for name, track in (("ar", self.rl.ar), ("image", self.rl.image)) if self.rl is not None else ():
-            kl = track.algorithm.kl_weight if track is not None else 0.0
-            if kl and self.backend.reference == "none":
-                raise ValueError(
-                    f"rl.{name}.algorithm.kl_coef={kl} needs a reference policy, but backend.reference='none': "
-                    "set backend.reference=frozen_copy (the SFT result RL starts from) or lora_base, or kl_coef=0"
-                )
         alg = self.rl.image.algorithm if self.rl is not None and self.rl.image is not None else None
         if isinstance(alg, DiffusionNFTConfig):
             # NFT's old policy is the backend's EMA: the image track samples (ODE) with it, the text

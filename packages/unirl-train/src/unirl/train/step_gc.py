@@ -21,27 +21,19 @@ from contextlib import contextmanager
 __all__ = ["manual_gc"]
 
 
-def _nothing() -> None:
-    return None
-
-
 @contextmanager
-def manual_gc(enabled: bool = True) -> Iterator[Callable[[], None]]:
+def manual_gc(enabled: bool = True) -> Iterator[Callable[[], object]]:
     """``with manual_gc() as collect: for ...: step(); collect()``. ``enabled=False``: the
     collector is left as it is and ``collect`` does nothing."""
     if not enabled:
-        yield _nothing
+        yield lambda: None
         return
     was_enabled = gc.isenabled()
     gc.collect()
     gc.freeze()
     gc.disable()
-
-    def collect() -> None:
-        gc.collect()
-
     try:
-        yield collect
+        yield gc.collect
     finally:
         gc.unfreeze()
         if was_enabled:
